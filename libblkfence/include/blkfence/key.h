@@ -45,7 +45,8 @@ class Key {
   std::string to_string() const;
 
   friend bool operator==(Key, Key) = default;
-  friend auto operator<=>(Key, Key) = default;
+  // clang-tidy 14 mistakes the defaulted comparison's literal 0 for a null pointer.
+  friend auto operator<=>(Key, Key) = default;  // NOLINT(modernize-use-nullptr)
 
  private:
   explicit constexpr Key(std::uint64_t value) : value_(value) {}

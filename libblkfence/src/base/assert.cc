@@ -8,8 +8,10 @@
 namespace blkfence::detail {
 
 void assert_fail(const char* expr, const char* file, int line, const char* func) noexcept {
-  std::fprintf(stderr, "blkfence: assertion failed: %s (%s:%d, %s)\n", expr, file, line, func);
-  std::fflush(stderr);
+  // Nothing useful is left to do if stderr fails: abort() follows either way.
+  (void)std::fprintf(stderr, "blkfence: assertion failed: %s (%s:%d, %s)\n", expr, file, line,
+                     func);
+  (void)std::fflush(stderr);
   std::abort();
 }
 

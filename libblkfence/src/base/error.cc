@@ -41,9 +41,10 @@ std::string Error::message() const {
     text += ")";
   }
   if (scsi_) {
-    char detail[64];
-    std::snprintf(detail, sizeof detail, " (status 0x%02x, sense key 0x%x, ASC/ASCQ %02x/%02x)",
-                  scsi_->status, scsi_->sense_key, scsi_->asc, scsi_->ascq);
+    char detail[64];  // the longest rendering is 55 bytes: snprintf cannot truncate
+    (void)std::snprintf(detail, sizeof detail,
+                        " (status 0x%02x, sense key 0x%x, ASC/ASCQ %02x/%02x)", scsi_->status,
+                        scsi_->sense_key, scsi_->asc, scsi_->ascq);
     text += detail;
   }
   return text;

@@ -58,8 +58,8 @@ Result<Key> Key::parse(std::string_view text) {
 }
 
 std::string Key::to_string() const {
-  char text[19];
-  std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(value_));
+  char text[19];  // "0x" + 16 digits + NUL: snprintf cannot truncate
+  (void)std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(value_));
   return text;
 }
 
