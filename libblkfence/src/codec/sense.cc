@@ -64,7 +64,9 @@ void decode_descriptor(Bytes sense, Sense& out) {
       body.bytes, 2, [](Bytes header) { return header[1]; },
       [&out](Bytes header, Bytes value) {
         // SPC-4 4.5.2.2: information descriptor, ADDITIONAL LENGTH 0Ah, VALID bit in byte 2.
-        if (header[0] == 0x00 && value.size() >= 10 && (value[0] & 0x80U) != 0) {
+        // The first valid one wins, as in sg3_utils (sg_get_sense_info_fld()).
+        if (header[0] == 0x00 && value.size() >= 10 && (value[0] & 0x80U) != 0 &&
+            !out.information) {
           out.information = load_be64(value, 2);
         }
       });

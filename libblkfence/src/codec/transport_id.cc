@@ -115,6 +115,11 @@ Result<TransportId> decode_transport_id(Bytes tid) {
         }
         id.iscsi_name = text.substr(0, separator);
         id.isid = text.substr(separator + kIsidSeparator.size());
+        // The same rule the encoder applies, so that a decoded TransportID can be sent back.
+        if (id.isid.size() != kIsidDigits || !is_hex(id.isid)) {
+          return fail(ErrorCode::kInvalidArgument,
+                      "iSCSI TransportID: ISID '" + id.isid + "' is not 12 hex digits");
+        }
       }
       if (id.iscsi_name.empty()) {
         return fail(ErrorCode::kInvalidArgument, "iSCSI TransportID: empty name");

@@ -117,6 +117,15 @@ TEST(TransportIdDecode, RefusesShortUnknownAndMalformed) {
   EXPECT_EQ(decode_transport_id(hex("05 00 00 14 00×20")).error().code(),
             ErrorCode::kInvalidArgument)
       << "empty name";
+  // Found by tests/fuzz/transport_id_fuzz: an ISID that is not 12 hex digits (here empty, or
+  // "ZZ") decoded, and could not be encoded back into a PR OUT.
+  for (const char* text : {"iqn.a,i,0x", "iqn.a,i,0xZZ", "iqn.a,i,0x23d00000000"}) {
+    EXPECT_EQ(decode_transport_id(test::concat({hex("45 00 00 18"), test::ascii(text, 24)}))
+                  .error()
+                  .code(),
+              ErrorCode::kInvalidArgument)
+        << text;
+  }
 }
 
 TEST(TransportIdEncode, RefusesWhatIsNotAnIscsiPortOrAProtocolItKnows) {

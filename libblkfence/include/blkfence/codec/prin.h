@@ -31,7 +31,7 @@ struct ReadKeys {
   std::uint32_t generation = 0;
   std::vector<std::uint64_t> keys;      // one per registered I_T nexus, in the device's order
   std::uint32_t additional_length = 0;  // as the device wrote it: 8 per registration
-  bool truncated = false;               // fewer than additional_length / 8 keys were in the buffer
+  bool truncated = false;               // 8 * keys.size() < additional_length
 };
 
 struct Reservation {
