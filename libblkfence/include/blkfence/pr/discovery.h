@@ -1,0 +1,55 @@
+// Device discovery: from the names a user gives to the SCSI paths of each logical unit (pr layer).
+//
+// Accepts /dev/sdX, /dev/sgN, /dev/disk/by-id/... links and dm-multipath maps (/dev/dm-N,
+// /dev/mapper/NAME, whose paths are the map's slaves) and groups the paths by the LU's WWN, read
+// from VPD 0x83 as the kernel cached it in sysfs. Every path of a LU is its own I_T nexus and must
+// be registered with the node's key (DESIGN.md §3). Reads sysfs only; no SCSI command is sent. The
+// sysfs and /dev roots and stat() are replaceable so that tests can lay out a fake tree.
+// Thread-compatible.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "blkfence/error.h"
+
+namespace blkfence::pr {
+
+// One I_T nexus to a LU as this host sees it.
+struct Path {
+  std::string sg;    // /dev/sgN; empty when the sg driver does not bind the device
+  std::string sd;    // /dev/sdX; empty for a non-disk LU
+  std::string hctl;  // host:channel:target:lun
+};
+
+struct LogicalUnit {
+  std::string wwn;          // "naa.6001405...", from VPD 0x83; "hctl:H:C:T:L" when it has none
+  std::string name;         // the name the user gave first for this LU
+  std::vector<Path> paths;  // in the order the user named them, multipath slaves in sysfs order
+};
+
+struct DeviceNode {
+  bool is_block = false;
+  bool is_char = false;
+  unsigned major = 0;
+  unsigned minor = 0;
+};
+
+struct DiscoveryEnv {
+  std::string sysfs_root = "/sys";
+  std::string dev_root = "/dev";
+  // stat() of a resolved device node; replaced in tests.
+  std::function<Result<DeviceNode>(const std::string& path)> stat_node;
+};
+
+// The real environment: /sys, /dev and ::stat.
+DiscoveryEnv system_discovery_env();
+
+// Resolves every name and groups the paths by LU, in the order the LUs were first named. Naming
+// the same path twice (e.g. by sd and by sg) lists it once. Fails on the first name that is
+// missing, not a SCSI device, or a partition, with a message naming it.
+[[nodiscard]] Result<std::vector<LogicalUnit>> discover(const std::vector<std::string>& names,
+                                                        const DiscoveryEnv& env);
+
+}  // namespace blkfence::pr

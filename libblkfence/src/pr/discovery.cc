@@ -1,0 +1,219 @@
+// Device discovery through sysfs (pr layer). See discovery.h. Thread-compatible.
+#include "blkfence/pr/discovery.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <system_error>
+
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include "blkfence/codec/inquiry.h"
+
+namespace blkfence::pr {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr unsigned kScsiGenericMajor = 21;  // Documentation/admin-guide/devices.txt
+
+Result<fs::path> canonical(const fs::path& path, const std::string& what) {
+  std::error_code ec;
+  fs::path resolved = fs::canonical(path, ec);
+  if (ec) {
+    return tl::unexpected(Error::os(ec.value(), what));
+  }
+  return resolved;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\0' || text.back() == ' ')) {
+    text.pop_back();
+  }
+  return text;
+}
+
+// Entries of a sysfs directory, sorted; empty when it does not exist.
+std::vector<std::string> list_dir(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool is_scsi_device(const fs::path& device_dir) {
+  std::error_code ec;
+  const fs::path subsystem = fs::read_symlink(device_dir / "subsystem", ec);
+  return !ec && subsystem.filename() == "scsi";
+}
+
+// The WWN the kernel cached from VPD 0x83 (drivers/scsi/scsi.c: scsi_attach_vpd()), else the wwid
+// attribute (sd's own pick), else the path itself: an LU without a designator cannot be grouped.
+std::string lu_identity(const fs::path& device_dir, const std::string& hctl) {
+  std::ifstream in(device_dir / "vpd_pg83", std::ios::binary);
+  const std::vector<std::uint8_t> page((std::istreambuf_iterator<char>(in)),
+                                       std::istreambuf_iterator<char>());
+  if (auto identification = codec::decode_vpd_device_identification(page)) {
+    if (auto wwn = codec::lu_wwn(*identification)) {
+      return *wwn;
+    }
+  }
+  if (std::string wwid = read_text(device_dir / "wwid"); !wwid.empty()) {
+    return wwid;
+  }
+  return "hctl:" + hctl;
+}
+
+struct ResolvedPath {
+  Path path;
+  std::string wwn;
+};
+
+Result<ResolvedPath> path_of_scsi_device(const fs::path& device_dir, const DiscoveryEnv& env,
+                                         const std::string& name) {
+  if (!is_scsi_device(device_dir)) {
+    return fail(ErrorCode::kInvalidArgument,
+                name +
+                    ": not a SCSI device (persistent reservations need SCSI; NVMe is not "
+                    "supported yet)");
+  }
+  const auto resolved = canonical(device_dir, name);
+  if (!resolved) {
+    return tl::unexpected(resolved.error());
+  }
+  ResolvedPath result;
+  result.path.hctl = resolved->filename().string();
+  if (const auto block = list_dir(*resolved / "block"); !block.empty()) {
+    result.path.sd = env.dev_root + "/" + block.front();
+  }
+  if (const auto sg = list_dir(*resolved / "scsi_generic"); !sg.empty()) {
+    result.path.sg = env.dev_root + "/" + sg.front();
+  }
+  result.wwn = lu_identity(*resolved, result.path.hctl);
+  return result;
+}
+
+Result<std::vector<ResolvedPath>> resolve(const std::string& name, const DiscoveryEnv& env) {
+  const auto node_path = canonical(name, name + ": no such device");
+  if (!node_path) {
+    return tl::unexpected(node_path.error());
+  }
+  const auto node = env.stat_node(node_path->string());
+  if (!node) {
+    return tl::unexpected(node.error());
+  }
+  const fs::path sys(env.sysfs_root);
+  const std::string dev = std::to_string(node->major) + ":" + std::to_string(node->minor);
+
+  if (node->is_char) {
+    if (node->major != kScsiGenericMajor) {
+      return fail(ErrorCode::kInvalidArgument,
+                  name + ": a character device that is not SCSI generic (/dev/sgN)");
+    }
+    const auto sg_dir = canonical(sys / "dev/char" / dev, name + ": no sysfs entry for sg " + dev);
+    if (!sg_dir) {
+      return tl::unexpected(sg_dir.error());
+    }
+    auto path = path_of_scsi_device(*sg_dir / "device", env, name);
+    if (!path) {
+      return tl::unexpected(path.error());
+    }
+    return std::vector<ResolvedPath>{*path};
+  }
+  if (!node->is_block) {
+    return fail(ErrorCode::kInvalidArgument, name + ": not a block or SCSI generic device");
+  }
+
+  const auto block_dir = canonical(sys / "dev/block" / dev, name + ": no sysfs entry for " + dev);
+  if (!block_dir) {
+    return tl::unexpected(block_dir.error());
+  }
+  if (fs::exists(*block_dir / "partition")) {
+    return fail(ErrorCode::kInvalidArgument,
+                name +
+                    ": a partition; persistent reservations apply to the whole LU, name the "
+                    "disk (" +
+                    block_dir->parent_path().filename().string() + ")");
+  }
+  if (!fs::exists(*block_dir / "dm")) {
+    auto path = path_of_scsi_device(*block_dir / "device", env, name);
+    if (!path) {
+      return tl::unexpected(path.error());
+    }
+    return std::vector<ResolvedPath>{*path};
+  }
+
+  // A device-mapper map: its paths are its slaves (dm-multipath). Anything stacked deeper, such as
+  // LVM on multipath, has dm slaves and is refused: reserve the multipath map itself.
+  const auto slaves = list_dir(*block_dir / "slaves");
+  if (slaves.empty()) {
+    return fail(ErrorCode::kInvalidArgument, name + ": a device-mapper device without paths");
+  }
+  std::vector<ResolvedPath> paths;
+  for (const auto& slave : slaves) {
+    const fs::path slave_dir = sys / "class/block" / slave;
+    if (fs::exists(slave_dir / "dm")) {
+      return fail(ErrorCode::kInvalidArgument,
+                  name + ": stacked on device-mapper device " + slave +
+                      "; name the multipath map of the shared LU instead");
+    }
+    auto path = path_of_scsi_device(slave_dir / "device", env, name + " (path " + slave + ")");
+    if (!path) {
+      return tl::unexpected(path.error());
+    }
+    paths.push_back(std::move(*path));
+  }
+  return paths;
+}
+
+}  // namespace
+
+DiscoveryEnv system_discovery_env() {
+  DiscoveryEnv env;
+  env.stat_node = [](const std::string& path) -> Result<DeviceNode> {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      return tl::unexpected(Error::os(errno, path));
+    }
+    return DeviceNode{.is_block = S_ISBLK(st.st_mode),
+                      .is_char = S_ISCHR(st.st_mode),
+                      .major = major(st.st_rdev),
+                      .minor = minor(st.st_rdev)};
+  };
+  return env;
+}
+
+Result<std::vector<LogicalUnit>> discover(const std::vector<std::string>& names,
+                                          const DiscoveryEnv& env) {
+  std::vector<LogicalUnit> lus;
+  for (const auto& name : names) {
+    auto paths = resolve(name, env);
+    if (!paths) {
+      return tl::unexpected(paths.error());
+    }
+    for (auto& resolved : *paths) {
+      auto lu = std::find_if(lus.begin(), lus.end(),
+                             [&](const LogicalUnit& l) { return l.wwn == resolved.wwn; });
+      if (lu == lus.end()) {
+        lus.push_back(LogicalUnit{.wwn = resolved.wwn, .name = name, .paths = {}});
+        lu = std::prev(lus.end());
+      }
+      const bool known = std::any_of(lu->paths.begin(), lu->paths.end(),
+                                     [&](const Path& p) { return p.hctl == resolved.path.hctl; });
+      if (!known) {
+        lu->paths.push_back(std::move(resolved.path));
+      }
+    }
+  }
+  return lus;
+}
+
+}  // namespace blkfence::pr

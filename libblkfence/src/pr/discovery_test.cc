@@ -1,0 +1,187 @@
+// Proves discovery on a fake sysfs tree laid out as Linux 6.1 does: sd and sg names of one nexus
+// are one path, nexuses with the same WWN are one LU, a dm-multipath map yields its slaves,
+// /dev/disk/by-id links resolve, and partitions, missing devices and non-SCSI devices are refused
+// with a message naming them.
+#include "blkfence/pr/discovery.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+namespace blkfence::pr {
+namespace {
+
+namespace fs = std::filesystem;
+
+// VPD 0x83 with one NAA IEEE Registered Extended designator (LU association), as LIO sends it.
+std::vector<std::uint8_t> vpd83_naa(std::uint8_t last_byte) {
+  std::vector<std::uint8_t> page{0x00, 0x83, 0x00, 0x14, 0x01, 0x03, 0x00, 0x10,
+                                 0x60, 0x01, 0x40, 0x5b, 0x1f, 0x0c, 0xe0, 0x00,
+                                 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, last_byte};
+  return page;
+}
+
+class FakeSysfs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("blkfence-discovery-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "sys/bus/scsi");
+    fs::create_directories(root_ / "sys/bus/nvme");
+    fs::create_directories(root_ / "dev/disk/by-id");
+    env_.sysfs_root = (root_ / "sys").string();
+    env_.dev_root = (root_ / "dev").string();
+    env_.stat_node = [this](const std::string& path) -> Result<DeviceNode> {
+      const auto it = nodes_.find(fs::path(path).filename().string());
+      if (it == nodes_.end()) {
+        return fail(ErrorCode::kOs, path + ": not a device node");
+      }
+      return it->second;
+    };
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // A SCSI device H:C:T:L with sd and sg nodes and a VPD 0x83 page.
+  void add_scsi_disk(const std::string& hctl, const std::string& sd, unsigned sd_minor,
+                     const std::string& sg, unsigned sg_minor, std::uint8_t wwn_last_byte) {
+    const fs::path dev = root_ / "sys/devices/platform" / ("host" + hctl.substr(0, 1)) / hctl;
+    fs::create_directories(dev / "block" / sd);
+    fs::create_directories(dev / "scsi_generic" / sg);
+    fs::create_directory_symlink(root_ / "sys/bus/scsi", dev / "subsystem");
+    fs::create_directory_symlink(dev, dev / "block" / sd / "device");
+    fs::create_directory_symlink(dev, dev / "scsi_generic" / sg / "device");
+    std::ofstream(dev / "vpd_pg83", std::ios::binary)
+        .write(reinterpret_cast<const char*>(vpd83_naa(wwn_last_byte).data()), 24);
+    link_dev("block", 8, sd_minor, dev / "block" / sd);
+    link_dev("char", 21, sg_minor, dev / "scsi_generic" / sg);
+    fs::create_directories(root_ / "sys/class/block");
+    fs::create_directory_symlink(dev / "block" / sd, root_ / "sys/class/block" / sd);
+    add_node(sd, true, 8, sd_minor);
+    add_node(sg, false, 21, sg_minor);
+  }
+
+  void link_dev(const std::string& kind, unsigned major, unsigned minor, const fs::path& target) {
+    fs::create_directories(root_ / "sys/dev" / kind);
+    fs::create_directory_symlink(
+        target, root_ / "sys/dev" / kind / (std::to_string(major) + ":" + std::to_string(minor)));
+  }
+
+  void add_node(const std::string& name, bool block, unsigned major, unsigned minor) {
+    std::ofstream(root_ / "dev" / name).put('\0');
+    nodes_[name] = DeviceNode{.is_block = block, .is_char = !block, .major = major, .minor = minor};
+  }
+
+  std::string dev(const std::string& name) const { return (root_ / "dev" / name).string(); }
+
+  fs::path root_;
+  DiscoveryEnv env_;
+  std::map<std::string, DeviceNode> nodes_;
+};
+
+TEST_F(FakeSysfs, SdAndSgOfOneNexusAreOnePath) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x01);
+  const auto lus = discover({dev("sda"), dev("sg0")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ(lus->size(), 1U);
+  EXPECT_EQ((*lus)[0].wwn, "naa.6001405b1f0ce0000000000000000001");
+  EXPECT_EQ((*lus)[0].name, dev("sda"));
+  ASSERT_EQ((*lus)[0].paths.size(), 1U);
+  EXPECT_EQ((*lus)[0].paths[0].sd, dev("sda"));
+  EXPECT_EQ((*lus)[0].paths[0].sg, dev("sg0"));
+  EXPECT_EQ((*lus)[0].paths[0].hctl, "0:0:1:0");
+}
+
+TEST_F(FakeSysfs, NexusesWithOneWwnAreOneLuAndOthersStayApart) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x01);
+  add_scsi_disk("1:0:1:0", "sdb", 16, "sg1", 1, 0x01);
+  add_scsi_disk("1:0:1:1", "sdc", 32, "sg2", 2, 0x02);
+  const auto lus = discover({dev("sg0"), dev("sdc"), dev("sdb")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ(lus->size(), 2U);
+  EXPECT_EQ((*lus)[0].paths.size(), 2U);
+  EXPECT_EQ((*lus)[0].paths[1].hctl, "1:0:1:0");
+  EXPECT_EQ((*lus)[1].wwn, "naa.6001405b1f0ce0000000000000000002");
+  EXPECT_EQ((*lus)[1].paths.size(), 1U);
+}
+
+TEST_F(FakeSysfs, MultipathMapYieldsItsSlaves) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x07);
+  add_scsi_disk("1:0:1:0", "sdb", 16, "sg1", 1, 0x07);
+  const fs::path dm = root_ / "sys/devices/virtual/block/dm-0";
+  fs::create_directories(dm / "dm");
+  fs::create_directories(dm / "slaves");
+  fs::create_directory_symlink(root_ / "sys/class/block/sda", dm / "slaves/sda");
+  fs::create_directory_symlink(root_ / "sys/class/block/sdb", dm / "slaves/sdb");
+  link_dev("block", 254, 0, dm);
+  add_node("dm-0", true, 254, 0);
+  fs::create_directories(root_ / "dev/mapper");
+  fs::create_symlink("../dm-0", root_ / "dev/mapper/pgdata");
+
+  const auto lus = discover({dev("mapper/pgdata")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ(lus->size(), 1U);
+  ASSERT_EQ((*lus)[0].paths.size(), 2U);
+  EXPECT_EQ((*lus)[0].paths[0].sg, dev("sg0"));
+  EXPECT_EQ((*lus)[0].paths[1].sg, dev("sg1"));
+}
+
+TEST_F(FakeSysfs, ByIdLinkResolves) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x03);
+  fs::create_symlink("../../sda", root_ / "dev/disk/by-id/wwn-0x6001405b1f0ce0000000000000000003");
+  const auto lus = discover({dev("disk/by-id/wwn-0x6001405b1f0ce0000000000000000003")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ(lus->size(), 1U);
+  EXPECT_EQ((*lus)[0].paths[0].sd, dev("sda"));
+}
+
+TEST_F(FakeSysfs, WithoutVpd83TheWwidAttributeIdentifiesTheLu) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x03);
+  const fs::path device = root_ / "sys/devices/platform/host0/0:0:1:0";
+  fs::remove(device / "vpd_pg83");
+  std::ofstream(device / "wwid") << "t10.LIO-ORG   lu0\n";
+  const auto lus = discover({dev("sda")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  EXPECT_EQ((*lus)[0].wwn, "t10.LIO-ORG   lu0");
+}
+
+TEST_F(FakeSysfs, RefusesPartitionsMissingAndNonScsiDevices) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x01);
+  const fs::path part = root_ / "sys/devices/platform/host0/0:0:1:0/block/sda/sda1";
+  fs::create_directories(part);
+  std::ofstream(part / "partition") << "1\n";
+  link_dev("block", 8, 1, part);
+  add_node("sda1", true, 8, 1);
+  const auto partition = discover({dev("sda1")}, env_);
+  ASSERT_FALSE(partition.has_value());
+  EXPECT_NE(partition.error().where().find("partition"), std::string::npos);
+  EXPECT_NE(partition.error().where().find("sda1"), std::string::npos);
+
+  const auto missing = discover({dev("sdz")}, env_);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_EQ(missing.error().code(), ErrorCode::kOs);
+  EXPECT_EQ(missing.error().errno_value(), ENOENT);
+  EXPECT_NE(missing.error().message().find("sdz"), std::string::npos);
+
+  const fs::path nvme = root_ / "sys/devices/pci0000:00/nvme0";
+  fs::create_directories(nvme / "block/nvme0n1");
+  fs::create_directory_symlink(root_ / "sys/bus/nvme", nvme / "subsystem");
+  fs::create_directory_symlink(nvme, nvme / "block/nvme0n1/device");
+  link_dev("block", 259, 0, nvme / "block/nvme0n1");
+  add_node("nvme0n1", true, 259, 0);
+  const auto not_scsi = discover({dev("nvme0n1")}, env_);
+  ASSERT_FALSE(not_scsi.has_value());
+  EXPECT_NE(not_scsi.error().where().find("not a SCSI device"), std::string::npos);
+
+  add_node("tty0", false, 4, 0);
+  const auto tty = discover({dev("tty0")}, env_);
+  ASSERT_FALSE(tty.has_value());
+  EXPECT_NE(tty.error().where().find("not SCSI generic"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace blkfence::pr
