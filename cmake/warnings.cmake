@@ -2,7 +2,7 @@
 add_library(blkfence_flags INTERFACE)
 target_compile_options(blkfence_flags INTERFACE
   -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wsign-conversion
-  -Wnon-virtual-dtor -Wold-style-cast -Wcast-align -Wnull-dereference
+  -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
   -Wimplicit-fallthrough -Wformat=2)
 if(BLKFENCE_WERROR)
   target_compile_options(blkfence_flags INTERFACE -Werror)

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <system_error>
 
@@ -29,9 +29,24 @@ Result<fs::path> canonical(const fs::path& path, const std::string& what) {
   return resolved;
 }
 
+// A small sysfs file, whole; empty when it cannot be read.
+std::string read_file(const fs::path& path) {
+  std::string bytes;
+  std::FILE* file = std::fopen(path.c_str(), "rbe");  // e: O_CLOEXEC
+  if (file == nullptr) {
+    return bytes;
+  }
+  char chunk[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(chunk, 1, sizeof chunk, file)) > 0) {
+    bytes.append(chunk, n);
+  }
+  (void)std::fclose(file);
+  return bytes;
+}
+
 std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text = read_file(path);
   while (!text.empty() && (text.back() == '\n' || text.back() == '\0' || text.back() == ' ')) {
     text.pop_back();
   }
@@ -58,9 +73,8 @@ bool is_scsi_device(const fs::path& device_dir) {
 // The WWN the kernel cached from VPD 0x83 (drivers/scsi/scsi.c: scsi_attach_vpd()), else the wwid
 // attribute (sd's own pick), else the path itself: an LU without a designator cannot be grouped.
 std::string lu_identity(const fs::path& device_dir, const std::string& hctl) {
-  std::ifstream in(device_dir / "vpd_pg83", std::ios::binary);
-  const std::vector<std::uint8_t> page((std::istreambuf_iterator<char>(in)),
-                                       std::istreambuf_iterator<char>());
+  const std::string raw = read_file(device_dir / "vpd_pg83");
+  const std::vector<std::uint8_t> page(raw.begin(), raw.end());
   if (auto identification = codec::decode_vpd_device_identification(page)) {
     if (auto wwn = codec::lu_wwn(*identification)) {
       return *wwn;

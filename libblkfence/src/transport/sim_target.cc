@@ -241,8 +241,8 @@ struct Task {
 
 struct Lu {
   struct Holder {
-    NexusId nexus;
-    std::uint8_t type;
+    NexusId nexus = 0;
+    std::uint8_t type = 0;
   };
 
   LuId id = 0;
@@ -658,17 +658,17 @@ class PrOutExecution {
     }
     // Unregister. The holder of a reservation releases it (core_scsi3_check_implicit_release());
     // under an all-registrants type LIO hands it to the first remaining registration.
-    const std::optional<Lu::Holder> held =
-        lu_.holder && lu_.holder->nexus == nexus_ ? lu_.holder : std::nullopt;
+    const bool was_holder = lu_.holder && lu_.holder->nexus == nexus_;
+    const std::uint8_t held_type = was_holder ? lu_.holder->type : 0;
     lu_.unregister(nexus_);
     unregistered_.push_back(nexus_);
     // No PRgeneration bump: __core_scsi3_free_registration() has none (SPC-4 wants one).
-    if (held) {
+    if (was_holder) {
       lu_.holder.reset();
-      if (is_all_registrants(held->type) && !lu_.registrations.empty()) {
-        lu_.holder = Lu::Holder{lu_.registrations.front().nexus, held->type};
+      if (is_all_registrants(held_type) && !lu_.registrations.empty()) {
+        lu_.holder = Lu::Holder{lu_.registrations.front().nexus, held_type};
       }
-      if (is_registrants_only(held->type)) {
+      if (is_registrants_only(held_type)) {
         for (const SimRegistration& other : lu_.registrations) {
           lu_.add_unit_attention(other.nexus, kUaReservationsReleased);
         }
