@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "blkfence/assert.h"
+#include "blkfence/codec/sense.h"
 #include "blkfence/transport/transport.h"
 
 #include "sg.h"
@@ -39,18 +40,6 @@ Command Command::from_cdb(std::span<const std::uint8_t> cdb_bytes) {
 
 namespace detail {
 namespace {
-
-// SAM-5 5.3: status codes (include/scsi/scsi_proto.h, SAM_STAT_*).
-enum class SamStatus : std::uint8_t {
-  kGood = 0x00,
-  kCheckCondition = 0x02,
-  kConditionMet = 0x04,
-  kBusy = 0x08,
-  kReservationConflict = 0x18,
-  kTaskSetFull = 0x28,
-  kAcaActive = 0x30,
-  kTaskAborted = 0x40,
-};
 
 // include/scsi/scsi_status.h: enum host_status.
 enum class HostStatus : std::uint16_t {
@@ -84,6 +73,7 @@ enum class HostStatus : std::uint16_t {
 constexpr std::uint16_t kDriverCodeMask = 0x07;  // DRIVER_TIMEOUT is 0x06
 
 Outcome classify_status(std::uint8_t status) {
+  using codec::SamStatus;
   switch (static_cast<SamStatus>(status)) {
     case SamStatus::kGood:
     case SamStatus::kConditionMet: return Outcome::kGood;

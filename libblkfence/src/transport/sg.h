@@ -13,16 +13,27 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <scsi/sg.h>
 
 #include "blkfence/error.h"
 #include "blkfence/transport/transport.h"
+#include "blkfence/unique_fd.h"
 
 namespace blkfence::transport::detail {
 
 using Clock = std::chrono::steady_clock;
+
+// A path's fd: opened O_RDWR | O_NONBLOCK | O_CLOEXEC (sg's write()/read() need O_RDWR; O_NONBLOCK
+// keeps both from sleeping), and whether it is an sg node (character major 21) or a block device.
+// Anything else is refused with a message naming the device.
+struct OpenedDevice {
+  UniqueFd fd;
+  bool is_sg = false;
+};
+[[nodiscard]] Result<OpenedDevice> open_device(const std::string& device);
 
 // SPC-4 4.5.1: sense data is at most 252 bytes (8 + an ADDITIONAL SENSE LENGTH of 244). sg copies
 // at most SCSI_SENSE_BUFFERSIZE (96) today; the buffer takes what any kernel may give.

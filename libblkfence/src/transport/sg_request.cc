@@ -1,7 +1,12 @@
 // Command checks and the sg v3 request both transports submit (transport layer). See sg.h for
 // ownership; functions are pure apart from the request's own buffers.
 #include <algorithm>
+#include <cerrno>
 #include <string>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "blkfence/assert.h"
 
@@ -112,6 +117,24 @@ Completion SgRequest::unanswered(Outcome outcome, int os_errno, Clock::time_poin
   completion.os_errno = os_errno;
   completion.latency = now - submitted_;
   return completion;
+}
+
+Result<OpenedDevice> open_device(const std::string& device) {
+  constexpr unsigned kSgMajor = 21;  // include/uapi/linux/major.h: SCSI_GENERIC_MAJOR
+  UniqueFd fd(::open(device.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) {
+    return tl::unexpected(Error::os(errno, "open " + device + " read-write"));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return tl::unexpected(Error::os(errno, "fstat " + device));
+  }
+  const bool is_sg = S_ISCHR(st.st_mode) && ::major(st.st_rdev) == kSgMajor;
+  if (!is_sg && !S_ISBLK(st.st_mode)) {
+    return fail(ErrorCode::kInvalidArgument,
+                device + ": neither an sg device (character major 21) nor a block device");
+  }
+  return OpenedDevice{.fd = std::move(fd), .is_sg = is_sg};
 }
 
 }  // namespace blkfence::transport::detail

@@ -28,8 +28,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/ioctl.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 
 #include "blkfence/assert.h"
 
@@ -40,7 +38,6 @@ namespace blkfence::transport {
 namespace detail {
 namespace {
 
-constexpr unsigned kSgMajor = 21;  // include/uapi/linux/major.h: SCSI_GENERIC_MAJOR
 // Each SG_IO in flight on /dev/sgN holds one of the fd's 16 request slots (sg.c: SG_MAX_QUEUE),
 // stuck ones included; with at most 16 threads no SG_IO ever fails with EDOM.
 constexpr std::size_t kThreadsMax = kSgQueueDepth;
@@ -182,20 +179,11 @@ class SgioTransport final : public TransportImpl {
   }
 
   Result<PathId> open_path(const std::string& device) override {
-    UniqueFd fd(::open(device.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
-    if (!fd.valid()) {
-      return tl::unexpected(Error::os(errno, "open " + device + " read-write"));
+    auto opened = open_device(device);
+    if (!opened) {
+      return tl::unexpected(opened.error());
     }
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) {
-      return tl::unexpected(Error::os(errno, "fstat " + device));
-    }
-    const bool sg = S_ISCHR(st.st_mode) && ::major(st.st_rdev) == kSgMajor;
-    if (!sg && !S_ISBLK(st.st_mode)) {
-      return fail(ErrorCode::kInvalidArgument,
-                  device + ": neither an sg device (character major 21) nor a block device");
-    }
-    return open_path_fd(std::move(fd), device);
+    return open_path_fd(std::move(opened->fd), device);
   }
 
   Result<PathId> open_path_fd(UniqueFd fd, std::string name) override {

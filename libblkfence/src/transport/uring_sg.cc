@@ -50,8 +50,6 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <poll.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 
 #include "blkfence/assert.h"
 
@@ -64,7 +62,6 @@ namespace {
 
 constexpr unsigned kRingEntries = 256;
 constexpr unsigned kCqEntries = 4096;          // WRITE + READ CQEs of many paths at once
-constexpr unsigned kSgMajor = 21;              // include/uapi/linux/major.h: SCSI_GENERIC_MAJOR
 constexpr std::size_t kPathWaitingMax = 1024;  // commands queued per path behind the 16
 constexpr int kWriteAttemptsMax = 3;           // for a WRITE that came back -EAGAIN
 constexpr std::chrono::milliseconds kShutdownWaitMax{2000};
@@ -198,21 +195,17 @@ class UringTransport final : public TransportImpl {
   ~UringTransport() override { shut_down(); }
 
   Result<PathId> open_path(const std::string& device) override {
-    UniqueFd fd(::open(device.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC));
-    if (!fd.valid()) {
-      return tl::unexpected(Error::os(errno, "open " + device + " read-write"));
+    auto opened = open_device(device);
+    if (!opened) {
+      return tl::unexpected(opened.error());
     }
-    struct stat st {};
-    if (::fstat(fd.get(), &st) != 0) {
-      return tl::unexpected(Error::os(errno, "fstat " + device));
-    }
-    if (!S_ISCHR(st.st_mode) || ::major(st.st_rdev) != kSgMajor) {
+    if (!opened->is_sg) {
       return fail(ErrorCode::kInvalidArgument,
                   device + ": not an sg device (character major 21): the io_uring transport " +
                       "drives /dev/sgN ('lsscsi -g' shows which one a disk has); the SG_IO " +
                       "transport also takes block devices");
     }
-    return open_path_fd(std::move(fd), device);
+    return open_path_fd(std::move(opened->fd), device);
   }
 
   Result<PathId> open_path_fd(UniqueFd fd, std::string name) override {
