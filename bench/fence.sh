@@ -24,7 +24,7 @@ ctl() {
 now() { printf '%s' "$EPOCHREALTIME"; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN {printf "%.4f", b - a}'; }
 comma() { local IFS=,; echo "$*"; }
-echo -e "action\tmethod\tn\tseconds\tverified" >"$out"
+[[ ${1:-} == --functions-only ]] || echo -e "action\tmethod\tn\tseconds\tverified" >"$out"
 
 # The first n LUs: no keys, no reservation (pending unit attentions are retried by blkfencectl;
 # setup clears B's with sg_turs, as fence_scsi does itself, for the sg_persist loop).
@@ -76,6 +76,7 @@ record() {  # action method n start verify-function
   printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$seconds" "$verified" | tee -a "$out"
 }
 
+[[ ${1:-} == --functions-only ]] && return 0  # sourced by bench/batch.sh
 for n in $sizes; do
   a=("${a_all[@]:0:n}") b=("${b_all[@]:0:n}")
   for ((r = 0; r < repeats; r++)); do
