@@ -110,9 +110,7 @@ std::string finish(Args& args, bool needs_key, bool needs_victim) {
   return "";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{"blkfencectl: SCSI persistent reservation fencing for shared LUs", "blkfencectl"};
   app.require_subcommand(1);
   app.footer(kExitCodes);
@@ -125,7 +123,7 @@ int main(int argc, char** argv) {
   device->require_subcommand(1);
   device->footer(std::string(kDeviceFooter) + "\n" + kExitCodes);
 
-  struct Spec {
+  struct Spec {  // NOLINT(clang-analyzer-optin.performance.Padding): a table of eleven
     const char* name;
     DeviceAction action;
     const char* help;
@@ -212,4 +210,17 @@ int main(int argc, char** argv) {
     return static_cast<int>(blkfence::cli::run_device(args.options));
   }
   return static_cast<int>(Exit::kUsage);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // CLI11 reports bad arguments by exception (caught in run()); anything else that escapes, such as
+  // std::bad_alloc, ends here with a message instead of std::terminate.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    std::cerr << "blkfencectl: " << error.what() << '\n';
+    return 1;
+  }
 }

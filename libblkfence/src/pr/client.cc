@@ -285,6 +285,7 @@ std::vector<Client::Response> Client::run(std::vector<Request> requests) {
 
 std::vector<LuResult<codec::ReadKeys>> Client::read_keys(const std::vector<LogicalUnit>& lus) {
   std::vector<Request> requests;
+  requests.reserve(lus.size());
   for (const auto& lu : lus) {
     requests.push_back(
         Request{.devices = devices_of(lu),
@@ -299,6 +300,7 @@ std::vector<LuResult<codec::ReadKeys>> Client::read_keys(const std::vector<Logic
 std::vector<LuResult<codec::ReadReservation>> Client::read_reservation(
     const std::vector<LogicalUnit>& lus) {
   std::vector<Request> requests;
+  requests.reserve(lus.size());
   for (const auto& lu : lus) {
     requests.push_back(Request{.devices = devices_of(lu),
                                .command = prin_command(codec::PrInAction::kReadReservation,
@@ -314,6 +316,7 @@ std::vector<LuResult<codec::ReadReservation>> Client::read_reservation(
 std::vector<LuResult<codec::Capabilities>> Client::report_capabilities(
     const std::vector<LogicalUnit>& lus) {
   std::vector<Request> requests;
+  requests.reserve(lus.size());
   for (const auto& lu : lus) {
     requests.push_back(Request{
         .devices = devices_of(lu),
@@ -329,6 +332,7 @@ std::vector<LuResult<codec::Capabilities>> Client::report_capabilities(
 std::vector<LuResult<codec::FullStatus>> Client::read_full_status(
     const std::vector<LogicalUnit>& lus) {
   std::vector<Request> requests;
+  requests.reserve(lus.size());
   for (const auto& lu : lus) {
     requests.push_back(
         Request{.devices = devices_of(lu),
@@ -385,6 +389,7 @@ std::vector<LuResult<Nothing>> on_first_path(Client& client, const std::vector<L
                                              const codec::PrOutCommand& prout,
                                              const std::string& what) {
   std::vector<Client::Request> requests;
+  requests.reserve(lus.size());
   for (const auto& lu : lus) {
     std::vector<std::string> devices;
     if (!lu.paths.empty()) {

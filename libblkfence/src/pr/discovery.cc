@@ -175,11 +175,17 @@ Result<std::vector<ResolvedPath>> resolve(const std::string& name, const Discove
   for (const auto& slave : slaves) {
     const fs::path slave_dir = sys / "class/block" / slave;
     if (fs::exists(slave_dir / "dm")) {
-      return fail(ErrorCode::kInvalidArgument,
-                  name + ": stacked on device-mapper device " + slave +
-                      "; name the multipath map of the shared LU instead");
+      std::string message = name;
+      message += ": stacked on device-mapper device ";
+      message += slave;
+      message += "; name the multipath map of the shared LU instead";
+      return fail(ErrorCode::kInvalidArgument, std::move(message));
     }
-    auto path = path_of_scsi_device(slave_dir / "device", env, name + " (path " + slave + ")");
+    std::string what = name;
+    what += " (path ";
+    what += slave;
+    what += ")";
+    auto path = path_of_scsi_device(slave_dir / "device", env, what);
     if (!path) {
       return tl::unexpected(path.error());
     }
