@@ -26,14 +26,10 @@
 namespace blkfence::codec {
 namespace {
 
+using test::cdb_bytes;
 using test::hex;
-
-constexpr std::uint64_t kKeyA = 0x4c494f0000000001ULL;
-constexpr std::uint64_t kKeyB = 0x4c494f0000000002ULL;
-
-std::vector<std::uint8_t> cdb_bytes(const Cdb10& cdb) {
-  return {cdb.begin(), cdb.end()};
-}
+using test::kKeyA;
+using test::kKeyB;
 
 // Replaces the 32-bit ADDITIONAL LENGTH (bytes 4-7) of a PR IN response.
 std::vector<std::uint8_t> with_additional_length(std::vector<std::uint8_t> response,

@@ -20,14 +20,10 @@
 namespace blkfence::codec {
 namespace {
 
+using test::cdb_bytes;
 using test::hex;
-
-constexpr std::uint64_t kKeyA = 0x4c494f0000000001ULL;
-constexpr std::uint64_t kKeyB = 0x4c494f0000000002ULL;
-
-std::vector<std::uint8_t> cdb_bytes(const Cdb10& cdb) {
-  return {cdb.begin(), cdb.end()};
-}
+using test::kKeyA;
+using test::kKeyB;
 
 // kernel-interfaces.md §6.5, the three PR OUT rows, cells pasted as they are.
 TEST(ProutGolden, WorkedExamplesFromKernelInterfaces) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdint>
 #include <initializer_list>
@@ -60,6 +61,16 @@ inline std::vector<std::uint8_t> ascii(std::string_view text, std::size_t size) 
   std::vector<std::uint8_t> bytes(text.begin(), text.end());
   bytes.resize(size, 0);
   return bytes;
+}
+
+// The keys of kernel-interfaces.md §6.5's worked examples (node A, node B).
+inline constexpr std::uint64_t kKeyA = 0x4c494f0000000001ULL;
+inline constexpr std::uint64_t kKeyB = 0x4c494f0000000002ULL;
+
+// A CDB as bytes, to compare with hex() goldens.
+template <std::size_t N>
+std::vector<std::uint8_t> cdb_bytes(const std::array<std::uint8_t, N>& cdb) {
+  return {cdb.begin(), cdb.end()};
 }
 
 }  // namespace blkfence::codec::test

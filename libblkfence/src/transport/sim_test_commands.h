@@ -64,11 +64,11 @@ inline Command report_luns_command(std::uint32_t allocation_length = 64) {
   return command;
 }
 
-// WRITE(10) (or WRITE(16) with wide) of blocks 512-byte blocks, each filled with fill.
-inline Command write_command(std::uint64_t lba, std::uint8_t fill, std::uint32_t blocks = 1,
-                             bool wide = false, std::uint32_t block_size = 512) {
+// READ/WRITE(10), or (16) with wide: the CDB both share, LBA and block count at their offsets.
+inline Command rw_command(std::uint8_t opcode10, std::uint8_t opcode16, std::uint64_t lba,
+                          std::uint32_t blocks, bool wide) {
   std::vector<std::uint8_t> cdb(wide ? 16 : 10, 0);
-  cdb[0] = wide ? 0x8a : 0x2a;
+  cdb[0] = wide ? opcode16 : opcode10;
   if (wide) {
     store_be64(cdb, 2, lba);
     store_be32(cdb, 10, blocks);
@@ -76,7 +76,13 @@ inline Command write_command(std::uint64_t lba, std::uint8_t fill, std::uint32_t
     store_be32(cdb, 2, static_cast<std::uint32_t>(lba));
     store_be16(cdb, 7, static_cast<std::uint16_t>(blocks));
   }
-  Command command = Command::from_cdb(cdb);
+  return Command::from_cdb(cdb);
+}
+
+// WRITE(10) (or WRITE(16) with wide) of blocks filled with fill.
+inline Command write_command(std::uint64_t lba, std::uint8_t fill, std::uint32_t blocks = 1,
+                             bool wide = false, std::uint32_t block_size = 512) {
+  Command command = rw_command(0x2a, 0x8a, lba, blocks, wide);
   command.direction = DataDirection::kToDevice;
   command.data_out.assign(std::size_t{blocks} * block_size, fill);
   return command;
@@ -85,16 +91,7 @@ inline Command write_command(std::uint64_t lba, std::uint8_t fill, std::uint32_t
 // READ(10) (or READ(16) with wide).
 inline Command read_command(std::uint64_t lba, std::uint32_t blocks = 1, bool wide = false,
                             std::uint32_t block_size = 512) {
-  std::vector<std::uint8_t> cdb(wide ? 16 : 10, 0);
-  cdb[0] = wide ? 0x88 : 0x28;
-  if (wide) {
-    store_be64(cdb, 2, lba);
-    store_be32(cdb, 10, blocks);
-  } else {
-    store_be32(cdb, 2, static_cast<std::uint32_t>(lba));
-    store_be16(cdb, 7, static_cast<std::uint16_t>(blocks));
-  }
-  Command command = Command::from_cdb(cdb);
+  Command command = rw_command(0x28, 0x88, lba, blocks, wide);
   command.direction = DataDirection::kFromDevice;
   command.data_in_size = blocks * block_size;
   return command;
