@@ -11,7 +11,6 @@ namespace blkfence::pr {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using transport::Outcome;
 
 // READ KEYS: 8 bytes a registration, room for 1023 of them. READ FULL STATUS: LIO drops the
 // descriptors that do not fit without counting them (kernel-interfaces.md §1.5), so ask for a lot.
@@ -39,30 +38,6 @@ std::vector<std::string> devices_of(const LogicalUnit& lu) {
     devices.push_back(command_device(path));
   }
   return devices;
-}
-
-// The error a finished attempt leaves, for the caller's message.
-Error attempt_error(const Attempt& attempt, const transport::Completion& completion,
-                    const std::string& what) {
-  const std::string where = what + " on " + attempt.device;
-  codec::Sense sense = attempt.sense.value_or(codec::Sense{});
-  const ScsiOutcome scsi{.status = completion.status,
-                         .sense_key = static_cast<std::uint8_t>(sense.sense_key),
-                         .asc = sense.asc,
-                         .ascq = sense.ascq};
-  switch (completion.outcome) {
-    case Outcome::kReservationConflict:
-      return Error::scsi(ErrorCode::kReservationConflict, scsi, where);
-    case Outcome::kIndeterminate: return Error(ErrorCode::kIndeterminate, where);
-    case Outcome::kOsError: return Error::os(completion.os_errno, where);
-    case Outcome::kTransportError: {
-      char detail[64];
-      (void)std::snprintf(detail, sizeof detail, " (transport error: host status 0x%02x)",
-                          completion.host_status);
-      return Error::scsi(ErrorCode::kScsi, scsi, where + detail);
-    }
-    default: return Error::scsi(ErrorCode::kScsi, scsi, where);
-  }
 }
 
 template <class T, class Decode>
@@ -99,199 +74,86 @@ std::string describe(const Attempt& attempt) {
   return text;
 }
 
-Client::Client(transport::Transport& transport, RetryPolicy policy)
-    : transport_(transport), policy_(policy) {}
-
-Result<transport::PathId> Client::path_for(const std::string& device) {
-  if (const auto it = paths_.find(device); it != paths_.end()) {
-    return it->second;
-  }
-  auto path = transport_.open_path(device);
-  if (path) {
-    paths_.emplace(device, *path);
-  }
-  return path;
-}
+Client::Client(transport::Transport& transport, RetryPolicy policy) : engine_(transport, policy) {}
 
 std::vector<Client::Response> Client::run(std::vector<Request> requests) {
-  struct Slot {
-    std::size_t candidate = 0;
-    int unit_attentions = 0;
-    int not_ready = 0;
-    int busy = 0;
-    std::chrono::milliseconds backoff{0};
-    std::optional<Clock::time_point> resubmit_at;
-    bool done = false;
-  };
-  const std::size_t count = requests.size();
-  std::vector<Response> responses(
-      count,
-      Response{.data = fail(ErrorCode::kInvalidArgument, "no attempt was made"), .attempts = {}});
-  std::vector<Slot> slots(count);
-  std::size_t open = count;
-
-  const auto finish = [&](std::size_t i, Result<std::vector<std::uint8_t>> data) {
-    BLKFENCE_ASSERT(!slots[i].done);
-    slots[i].done = true;
-    responses[i].data = std::move(data);
-    --open;
-  };
-  const auto later = [&](std::size_t i) {
-    Slot& slot = slots[i];
-    slot.backoff = slot.backoff.count() == 0 ? policy_.backoff_first
-                                             : std::min(slot.backoff * 2, policy_.backoff_max);
-    slot.resubmit_at = Clock::now() + slot.backoff;
-  };
-  // Submits request i to its current device, moving on to the next device (reads only) when the
-  // path cannot be opened or refuses the command.
-  const auto submit = [&](std::size_t i) {
-    Request& request = requests[i];
-    Slot& slot = slots[i];
-    slot.resubmit_at.reset();
-    while (slot.candidate < request.devices.size()) {
-      const std::string& device = request.devices[slot.candidate];
-      auto path = path_for(device);
-      Result<void> submitted = path ? Result<void>{} : tl::unexpected(path.error());
-      if (path) {
-        transport::Command command = request.command;
-        command.tag = i;
-        command.timeout = policy_.command_timeout;
-        submitted = transport_.submit(*path, std::move(command));
-      }
-      if (submitted) {
-        return;
-      }
-      responses[i].attempts.push_back(Attempt{
-          .device = device, .outcome = Outcome::kOsError, .sense = std::nullopt, .latency = {}});
-      if (!request.is_read || slot.candidate + 1 == request.devices.size()) {
-        finish(i, tl::unexpected(Error(submitted.error().code(),
-                                       request.what + " on " + submitted.error().message())));
-        return;
-      }
-      ++slot.candidate;
-    }
-    finish(i, fail(ErrorCode::kInvalidArgument, request.what + ": the LU has no path"));
-  };
-
-  for (std::size_t i = 0; i < count; ++i) {
-    submit(i);
-  }
+  const auto now = [] { return Clock::now().time_since_epoch(); };
+  std::optional<std::vector<Response>> responses;
+  engine_.start(std::move(requests), now(),
+                [&](std::vector<Response> done, Time) { responses = std::move(done); });
+  transport::Transport& transport = engine_.transport();
   std::vector<transport::Completion> completions;
-  while (open > 0) {
-    auto earliest = Clock::time_point::max();
-    const auto now = Clock::now();
-    for (std::size_t i = 0; i < count; ++i) {
-      if (slots[i].done || !slots[i].resubmit_at) {
-        continue;
-      }
-      if (*slots[i].resubmit_at <= now) {
-        submit(i);
-      } else {
-        earliest = std::min(earliest, *slots[i].resubmit_at);
-      }
-    }
-    if (open == 0) {
+  while (!responses) {
+    engine_.on_time(now());
+    if (responses) {
       break;
     }
-    if (transport_.in_flight() == 0) {
-      BLKFENCE_ASSERT(earliest != Clock::time_point::max());  // an open slot waits for a retry
-      std::this_thread::sleep_until(earliest);
+    const std::optional<Time> wake = engine_.next_wake();
+    if (transport.in_flight() == 0) {
+      BLKFENCE_ASSERT(wake.has_value());  // an open request waits for a retry
+      std::this_thread::sleep_until(
+          Clock::time_point(std::chrono::duration_cast<Clock::duration>(*wake)));
       continue;
     }
-    auto wait = policy_.command_timeout + std::chrono::seconds(1);
-    if (earliest != Clock::time_point::max()) {
-      wait = std::chrono::ceil<std::chrono::milliseconds>(
-          std::max(earliest - Clock::now(), Clock::duration::zero()));
+    auto wait = engine_.policy().command_timeout + std::chrono::seconds(1);
+    if (wake) {
+      wait = std::chrono::ceil<std::chrono::milliseconds>(std::max(*wake - now(), Time{0}));
     }
     completions.clear();
-    if (auto reaped = transport_.reap(wait, completions); !reaped) {
-      for (std::size_t i = 0; i < count; ++i) {
-        if (!slots[i].done) {
-          finish(i, tl::unexpected(reaped.error()));
-        }
-      }
+    if (auto reaped = transport.reap(wait, completions); !reaped) {
+      engine_.fail_all(reaped.error(), now());
       break;
     }
     for (auto& completion : completions) {
-      const std::size_t i = completion.tag;
-      BLKFENCE_ASSERT(i < count && !slots[i].done);
-      Request& request = requests[i];
-      Slot& slot = slots[i];
-      Attempt attempt{.device = request.devices[slot.candidate],
-                      .outcome = completion.outcome,
-                      .sense = std::nullopt,
-                      .latency = completion.latency};
-      if (completion.outcome == Outcome::kCheckCondition) {
-        attempt.sense = codec::decode_sense(completion.sense);
-      }
-      responses[i].attempts.push_back(attempt);
-      const bool more_paths = request.is_read && slot.candidate + 1 < request.devices.size();
-
-      switch (completion.outcome) {
-        case Outcome::kGood: finish(i, std::move(completion.data_in)); continue;
-        case Outcome::kBusy:
-        case Outcome::kTaskAborted:
-          if (slot.busy++ < policy_.busy_max) {
-            later(i);
-            continue;
-          }
-          break;
-        case Outcome::kCheckCondition:
-          switch (codec::classify(*attempt.sense)) {
-            case codec::SenseCategory::kNoSense:
-            case codec::SenseCategory::kRecovered:
-              finish(i, std::move(completion.data_in));
-              continue;
-            case codec::SenseCategory::kUnitAttention:
-              // The command did not execute (SAM-5 5.14): repeating it is safe.
-              if (slot.unit_attentions++ < policy_.unit_attention_max) {
-                submit(i);
-                continue;
-              }
-              break;
-            case codec::SenseCategory::kNotReadyBecomingReady:
-            case codec::SenseCategory::kNotReadyInProgress:
-            case codec::SenseCategory::kNotReadyTransitioning:
-              if (slot.not_ready++ < policy_.not_ready_max) {
-                later(i);
-                continue;
-              }
-              break;
-            case codec::SenseCategory::kAbortedCommand:
-              if (slot.busy++ < policy_.busy_max) {
-                later(i);
-                continue;
-              }
-              break;
-            default: break;
-          }
-          break;
-        case Outcome::kTransportError:
-        case Outcome::kOsError:
-          if (more_paths) {
-            ++slot.candidate;
-            submit(i);
-            continue;
-          }
-          break;
-        case Outcome::kReservationConflict:
-        case Outcome::kIndeterminate: break;
-      }
-      finish(i, tl::unexpected(attempt_error(attempt, completion, request.what)));
+      engine_.on_completion(std::move(completion), now());
     }
   }
-  return responses;
+  BLKFENCE_ASSERT(responses.has_value());
+  return std::move(*responses);
+}
+
+Request read_keys_request(const LogicalUnit& lu) {
+  return Request{.devices = devices_of(lu),
+                 .command = prin_command(codec::PrInAction::kReadKeys, kReadKeysAllocation),
+                 .is_read = true,
+                 .what = "READ KEYS"};
+}
+
+Request read_reservation_request(const LogicalUnit& lu) {
+  return Request{
+      .devices = devices_of(lu),
+      .command = prin_command(codec::PrInAction::kReadReservation, codec::kPrInAllocationLengthMin),
+      .is_read = true,
+      .what = "READ RESERVATION"};
+}
+
+std::vector<Request> prout_every_path(const LogicalUnit& lu, const codec::PrOutCommand& prout,
+                                      const std::string& what) {
+  std::vector<Request> requests;
+  for (const auto& path : lu.paths) {
+    requests.push_back(Request{.devices = {command_device(path)},
+                               .command = prout_command(prout),
+                               .is_read = false,
+                               .what = what});
+  }
+  return requests;
+}
+
+Request prout_first_path(const LogicalUnit& lu, const codec::PrOutCommand& prout,
+                         const std::string& what) {
+  std::vector<std::string> devices;
+  if (!lu.paths.empty()) {
+    devices.push_back(command_device(lu.paths.front()));
+  }
+  return Request{
+      .devices = devices, .command = prout_command(prout), .is_read = false, .what = what};
 }
 
 std::vector<LuResult<codec::ReadKeys>> Client::read_keys(const std::vector<LogicalUnit>& lus) {
   std::vector<Request> requests;
   requests.reserve(lus.size());
   for (const auto& lu : lus) {
-    requests.push_back(
-        Request{.devices = devices_of(lu),
-                .command = prin_command(codec::PrInAction::kReadKeys, kReadKeysAllocation),
-                .is_read = true,
-                .what = "READ KEYS"});
+    requests.push_back(read_keys_request(lu));
   }
   return decode_each<codec::ReadKeys>(
       run(std::move(requests)), [](const auto& data) { return codec::decode_read_keys(data); });
@@ -302,11 +164,7 @@ std::vector<LuResult<codec::ReadReservation>> Client::read_reservation(
   std::vector<Request> requests;
   requests.reserve(lus.size());
   for (const auto& lu : lus) {
-    requests.push_back(Request{.devices = devices_of(lu),
-                               .command = prin_command(codec::PrInAction::kReadReservation,
-                                                       codec::kPrInAllocationLengthMin),
-                               .is_read = true,
-                               .what = "READ RESERVATION"});
+    requests.push_back(read_reservation_request(lu));
   }
   return decode_each<codec::ReadReservation>(run(std::move(requests)), [](const auto& data) {
     return codec::decode_read_reservation(data);
@@ -354,11 +212,8 @@ std::vector<LuResult<Nothing>> on_every_path(Client& client, const std::vector<L
   std::vector<Client::Request> requests;
   std::vector<std::size_t> owner;
   for (std::size_t l = 0; l < lus.size(); ++l) {
-    for (const auto& path : lus[l].paths) {
-      requests.push_back(Client::Request{.devices = {command_device(path)},
-                                         .command = prout_command(prout),
-                                         .is_read = false,
-                                         .what = what});
+    for (auto& request : prout_every_path(lus[l], prout, what)) {
+      requests.push_back(std::move(request));
       owner.push_back(l);
     }
   }
@@ -391,12 +246,7 @@ std::vector<LuResult<Nothing>> on_first_path(Client& client, const std::vector<L
   std::vector<Client::Request> requests;
   requests.reserve(lus.size());
   for (const auto& lu : lus) {
-    std::vector<std::string> devices;
-    if (!lu.paths.empty()) {
-      devices.push_back(command_device(lu.paths.front()));
-    }
-    requests.push_back(Client::Request{
-        .devices = devices, .command = prout_command(prout), .is_read = false, .what = what});
+    requests.push_back(prout_first_path(lu, prout, what));
   }
   return decode_each<Nothing>(client.run(std::move(requests)),
                               [](const auto&) -> Result<Nothing> { return Nothing{}; });

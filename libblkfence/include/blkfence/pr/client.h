@@ -11,7 +11,8 @@
 // to the LU's next path on a transport error; PR OUT never does, since it may have executed.
 // Every attempt is recorded in the result.
 //
-// A Client borrows its Transport and is used from one thread. Blocking: run() waits for the batch.
+// A Client borrows its Transport and is used from one thread. Blocking: run() waits for the batch
+// (blkfenced drives the same Engine from its event loop instead).
 #pragma once
 
 #include <chrono>
@@ -23,29 +24,14 @@
 
 #include "blkfence/codec/cdb.h"
 #include "blkfence/codec/prin.h"
+#include "blkfence/codec/prout.h"
 #include "blkfence/codec/sense.h"
 #include "blkfence/error.h"
 #include "blkfence/pr/discovery.h"
+#include "blkfence/pr/engine.h"
 #include "blkfence/transport/transport.h"
 
 namespace blkfence::pr {
-
-struct RetryPolicy {
-  int unit_attention_max = 5;  // libmpathpersist retries 5 times too
-  int not_ready_max = 5;       // NOT READY 04/01, 04/07, 04/0A
-  int busy_max = 5;            // BUSY, TASK SET FULL, TASK ABORTED, ABORTED COMMAND
-  std::chrono::milliseconds backoff_first{10};
-  std::chrono::milliseconds backoff_max{500};
-  std::chrono::milliseconds command_timeout{10'000};  // per attempt; then kIndeterminate
-};
-
-// One try of one command on one path.
-struct Attempt {
-  std::string device;
-  transport::Outcome outcome = transport::Outcome::kGood;
-  std::optional<codec::Sense> sense;  // with kCheckCondition
-  std::chrono::nanoseconds latency{0};
-};
 
 // An operation on one LU: its value or error, and every attempt on every path it touched.
 template <class T>
@@ -85,28 +71,24 @@ class Client {
   std::vector<LuResult<Nothing>> preempt(const std::vector<LogicalUnit>& lus, std::uint64_t key,
                                          std::uint64_t victim_key, codec::PrType type, bool abort);
 
-  // The engine under the typed operations: each request names the devices to try in order (reads
-  // move to the next on a transport error), and its command. Returns the data-in of the attempt
-  // that succeeded, or the error of the last one.
-  struct Request {
-    std::vector<std::string> devices;
-    transport::Command command;
-    bool is_read = false;  // may fail over to the next device
-    std::string what;      // "READ KEYS", for messages
-  };
-  struct Response {
-    Result<std::vector<std::uint8_t>> data;
-    std::vector<Attempt> attempts;
-  };
+  // The engine under the typed operations, run to completion: returns when every request has
+  // its answer. Responses come in the order of the requests.
+  using Request = pr::Request;
+  using Response = pr::Response;
   std::vector<Response> run(std::vector<Request> requests);
 
  private:
-  Result<transport::PathId> path_for(const std::string& device);
-
-  transport::Transport& transport_;
-  RetryPolicy policy_;
-  std::map<std::string, transport::PathId> paths_;
+  Engine engine_;
 };
+
+// The requests behind the typed operations, for callers that drive an Engine themselves.
+Request read_keys_request(const LogicalUnit& lu);
+Request read_reservation_request(const LogicalUnit& lu);
+// One PR OUT on every path of the LU (each path is its own I_T nexus), or on its first path.
+std::vector<Request> prout_every_path(const LogicalUnit& lu, const codec::PrOutCommand& prout,
+                                      const std::string& what);
+Request prout_first_path(const LogicalUnit& lu, const codec::PrOutCommand& prout,
+                         const std::string& what);
 
 // The device a path is driven through: its sg node when it has one (io_uring needs it), else sd.
 std::string command_device(const Path& path);

@@ -1,0 +1,116 @@
+// The asynchronous batch engine under the PR client: many batches of requests in flight on one
+// transport at once, advanced by whoever owns the event loop (pr layer).
+//
+// The engine never waits and never reads a clock: its owner feeds it the transport's completions
+// and the time, and asks when it next needs to be woken (for a retry after a back-off). That is
+// what lets the same protocol code run in blkfenced's sd-event loop (steady clock, io_uring
+// completions through an eventfd), in blkfencectl (a blocking loop, Client::run()) and in the
+// simulation (the simulated clock of several nodes). The retry policy is the Client's
+// (client.h): UNIT ATTENTION at once, NOT READY becoming ready / BUSY / TASK ABORTED after a
+// back-off, RESERVATION CONFLICT and timeouts never; reads fail over to the next path, PR OUT
+// never.
+//
+// A batch's callback runs from on_completion(), on_time() or fail_all(), never from start(), and
+// may start further batches. One thread; the transport must outlive the engine. Destroying the
+// engine abandons open batches without calling their callbacks.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blkfence/codec/sense.h"
+#include "blkfence/error.h"
+#include "blkfence/transport/transport.h"
+
+namespace blkfence::pr {
+
+// A point on the owner's monotonic clock (steady_clock, or a SimClock's time).
+using Time = std::chrono::nanoseconds;
+
+struct RetryPolicy {
+  int unit_attention_max = 5;  // libmpathpersist retries 5 times too
+  int not_ready_max = 5;       // NOT READY 04/01, 04/07, 04/0A
+  int busy_max = 5;            // BUSY, TASK SET FULL, TASK ABORTED, ABORTED COMMAND
+  std::chrono::milliseconds backoff_first{10};
+  std::chrono::milliseconds backoff_max{500};
+  std::chrono::milliseconds command_timeout{10'000};  // per attempt; then kIndeterminate
+};
+
+// One try of one command on one path.
+struct Attempt {
+  std::string device;
+  transport::Outcome outcome = transport::Outcome::kGood;
+  std::optional<codec::Sense> sense;  // with kCheckCondition
+  std::chrono::nanoseconds latency{0};
+};
+
+// One command for one LU: the devices to try in order (reads move on to the next after a transport
+// error), and the command.
+struct Request {
+  std::vector<std::string> devices;
+  transport::Command command;
+  bool is_read = false;  // may fail over to the next device
+  std::string what;      // "READ KEYS", for messages
+};
+
+// The data-in of the attempt that succeeded, or the error of the last one; and every attempt.
+struct Response {
+  Result<std::vector<std::uint8_t>> data;
+  std::vector<Attempt> attempts;
+};
+
+class Engine {
+ public:
+  // Responses in the order of the batch's requests, and the time of the event that finished it.
+  using Done = std::function<void(std::vector<Response>, Time now)>;
+
+  explicit Engine(transport::Transport& transport, RetryPolicy policy = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Submits every request of a batch now. An empty batch, or one whose every submit failed,
+  // finishes at the next on_time().
+  void start(std::vector<Request> requests, Time now, Done done);
+
+  // One completion reaped from the transport; completions of abandoned requests are ignored.
+  void on_completion(transport::Completion completion, Time now);
+  // Resubmits the retries that are due and delivers batches that finished without a completion.
+  void on_time(Time now);
+  // When on_time() next has something to do; nullopt when only completions can move things.
+  std::optional<Time> next_wake() const;
+  // Reaps what the transport has ready (without waiting) and feeds it, then on_time(now).
+  [[nodiscard]] Result<void> pump(Time now);
+  // Ends every open request with error (the transport broke), calling the callbacks.
+  void fail_all(const Error& error, Time now);
+
+  std::size_t open_batches() const { return batches_.size(); }
+  transport::Transport& transport() const { return transport_; }
+  const RetryPolicy& policy() const { return policy_; }
+
+ private:
+  struct Slot;
+  struct Batch;
+
+  Result<transport::PathId> path_for(const std::string& device);
+  void submit(Batch& batch, std::size_t index, Time now);
+  void finish(Batch& batch, std::size_t index, Result<std::vector<std::uint8_t>> data);
+  void deliver_finished(Time now);
+
+  transport::Transport& transport_;
+  RetryPolicy policy_;
+  std::map<std::string, transport::PathId> paths_;
+  std::uint64_t next_batch_ = 1;
+  std::uint64_t next_tag_ = 1;
+  std::map<std::uint64_t, std::unique_ptr<Batch>> batches_;
+  // tag of a submitted attempt -> (batch, request index)
+  std::map<std::uint64_t, std::pair<std::uint64_t, std::size_t>> tags_;
+};
+
+}  // namespace blkfence::pr

@@ -1,0 +1,304 @@
+// The asynchronous batch engine (pr layer). See engine.h.
+#include "blkfence/pr/engine.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "blkfence/assert.h"
+
+namespace blkfence::pr {
+namespace {
+
+using transport::Outcome;
+
+// The error a finished attempt leaves, for the caller's message.
+Error attempt_error(const Attempt& attempt, const transport::Completion& completion,
+                    const std::string& what) {
+  const std::string where = what + " on " + attempt.device;
+  const codec::Sense sense = attempt.sense.value_or(codec::Sense{});
+  const ScsiOutcome scsi{.status = completion.status,
+                         .sense_key = static_cast<std::uint8_t>(sense.sense_key),
+                         .asc = sense.asc,
+                         .ascq = sense.ascq};
+  switch (completion.outcome) {
+    case Outcome::kReservationConflict:
+      return Error::scsi(ErrorCode::kReservationConflict, scsi, where);
+    case Outcome::kIndeterminate: return Error(ErrorCode::kIndeterminate, where);
+    case Outcome::kOsError: return Error::os(completion.os_errno, where);
+    case Outcome::kTransportError: {
+      char detail[64];
+      (void)std::snprintf(detail, sizeof detail, " (transport error: host status 0x%02x)",
+                          completion.host_status);
+      return Error::scsi(ErrorCode::kScsi, scsi, where + detail);
+    }
+    default: return Error::scsi(ErrorCode::kScsi, scsi, where);
+  }
+}
+
+}  // namespace
+
+struct Engine::Slot {
+  std::size_t candidate = 0;
+  int unit_attentions = 0;
+  int not_ready = 0;
+  int busy = 0;
+  std::chrono::milliseconds backoff{0};
+  std::optional<Time> resubmit_at;
+  bool done = false;
+};
+
+struct Engine::Batch {
+  std::uint64_t id = 0;
+  std::vector<Request> requests;
+  std::vector<Response> responses;
+  std::vector<Slot> slots;
+  std::size_t open = 0;
+  Done done;
+};
+
+Engine::Engine(transport::Transport& transport, RetryPolicy policy)
+    : transport_(transport), policy_(policy) {}
+
+Engine::~Engine() = default;
+
+Result<transport::PathId> Engine::path_for(const std::string& device) {
+  if (const auto it = paths_.find(device); it != paths_.end()) {
+    return it->second;
+  }
+  auto path = transport_.open_path(device);
+  if (path) {
+    paths_.emplace(device, *path);
+  }
+  return path;
+}
+
+void Engine::start(std::vector<Request> requests, Time now, Done done) {
+  const std::uint64_t id = next_batch_++;
+  auto batch = std::make_unique<Batch>();
+  batch->id = id;
+  batch->open = requests.size();
+  batch->responses.assign(
+      requests.size(),
+      Response{.data = fail(ErrorCode::kInvalidArgument, "no attempt was made"), .attempts = {}});
+  batch->slots.resize(requests.size());
+  batch->requests = std::move(requests);
+  batch->done = std::move(done);
+  Batch& ref = *batch;
+  batches_.emplace(id, std::move(batch));
+  for (std::size_t i = 0; i < ref.requests.size(); ++i) {
+    submit(ref, i, now);
+  }
+}
+
+void Engine::finish(Batch& batch, std::size_t index, Result<std::vector<std::uint8_t>> data) {
+  Slot& slot = batch.slots[index];
+  BLKFENCE_ASSERT(!slot.done);
+  slot.done = true;
+  slot.resubmit_at.reset();
+  batch.responses[index].data = std::move(data);
+  --batch.open;
+}
+
+// Submits request index to its current device, moving on to the next device (reads only) when the
+// path cannot be opened or refuses the command.
+void Engine::submit(Batch& batch, std::size_t index, Time now) {
+  (void)now;
+  Request& request = batch.requests[index];
+  Slot& slot = batch.slots[index];
+  slot.resubmit_at.reset();
+  while (slot.candidate < request.devices.size()) {
+    const std::string& device = request.devices[slot.candidate];
+    auto path = path_for(device);
+    Result<void> submitted = path ? Result<void>{} : tl::unexpected(path.error());
+    if (path) {
+      transport::Command command = request.command;
+      command.tag = next_tag_++;
+      command.timeout = policy_.command_timeout;
+      const std::uint64_t tag = command.tag;
+      submitted = transport_.submit(*path, std::move(command));
+      if (submitted) {
+        tags_.emplace(tag, std::make_pair(batch.id, index));
+        return;
+      }
+    }
+    batch.responses[index].attempts.push_back(Attempt{
+        .device = device, .outcome = Outcome::kOsError, .sense = std::nullopt, .latency = {}});
+    if (!request.is_read || slot.candidate + 1 == request.devices.size()) {
+      finish(batch, index,
+             tl::unexpected(Error(submitted.error().code(),
+                                  request.what + " on " + submitted.error().message())));
+      return;
+    }
+    ++slot.candidate;
+  }
+  finish(batch, index, fail(ErrorCode::kInvalidArgument, request.what + ": the LU has no path"));
+}
+
+void Engine::on_completion(transport::Completion completion, Time now) {
+  const auto tag = tags_.find(completion.tag);
+  if (tag == tags_.end()) {
+    return;  // an abandoned request's
+  }
+  const auto [batch_id, index] = tag->second;
+  tags_.erase(tag);
+  const auto found = batches_.find(batch_id);
+  if (found == batches_.end()) {
+    return;
+  }
+  Batch& batch = *found->second;
+  Request& request = batch.requests[index];
+  Slot& slot = batch.slots[index];
+  BLKFENCE_ASSERT(!slot.done);
+  Attempt attempt{.device = request.devices[slot.candidate],
+                  .outcome = completion.outcome,
+                  .sense = std::nullopt,
+                  .latency = completion.latency};
+  if (completion.outcome == Outcome::kCheckCondition) {
+    attempt.sense = codec::decode_sense(completion.sense);
+  }
+  batch.responses[index].attempts.push_back(attempt);
+  const bool more_paths = request.is_read && slot.candidate + 1 < request.devices.size();
+  const auto later = [&] {
+    slot.backoff = slot.backoff.count() == 0 ? policy_.backoff_first
+                                             : std::min(slot.backoff * 2, policy_.backoff_max);
+    slot.resubmit_at = now + slot.backoff;
+  };
+
+  const auto decide = [&]() -> bool {  // true: the request goes on
+    switch (completion.outcome) {
+      case Outcome::kGood: finish(batch, index, std::move(completion.data_in)); return true;
+      case Outcome::kBusy:
+      case Outcome::kTaskAborted:
+        if (slot.busy++ < policy_.busy_max) {
+          later();
+          return true;
+        }
+        return false;
+      case Outcome::kCheckCondition:
+        switch (codec::classify(*attempt.sense)) {
+          case codec::SenseCategory::kNoSense:
+          case codec::SenseCategory::kRecovered:
+            finish(batch, index, std::move(completion.data_in));
+            return true;
+          case codec::SenseCategory::kUnitAttention:
+            // The command did not execute (SAM-5 5.14): repeating it is safe.
+            if (slot.unit_attentions++ < policy_.unit_attention_max) {
+              submit(batch, index, now);
+              return true;
+            }
+            return false;
+          case codec::SenseCategory::kNotReadyBecomingReady:
+          case codec::SenseCategory::kNotReadyInProgress:
+          case codec::SenseCategory::kNotReadyTransitioning:
+            if (slot.not_ready++ < policy_.not_ready_max) {
+              later();
+              return true;
+            }
+            return false;
+          case codec::SenseCategory::kAbortedCommand:
+            if (slot.busy++ < policy_.busy_max) {
+              later();
+              return true;
+            }
+            return false;
+          default: return false;
+        }
+      case Outcome::kTransportError:
+      case Outcome::kOsError:
+        if (more_paths) {
+          ++slot.candidate;
+          submit(batch, index, now);
+          return true;
+        }
+        return false;
+      case Outcome::kReservationConflict:
+      case Outcome::kIndeterminate: return false;
+    }
+    return false;
+  };
+  if (!decide()) {
+    finish(batch, index, tl::unexpected(attempt_error(attempt, completion, request.what)));
+  }
+  deliver_finished(now);
+}
+
+void Engine::on_time(Time now) {
+  // Resubmitting may finish a request (its path refused it), so walk a snapshot of the ids.
+  std::vector<std::uint64_t> ids;
+  ids.reserve(batches_.size());
+  for (const auto& [id, batch] : batches_) {
+    ids.push_back(id);
+  }
+  for (const std::uint64_t id : ids) {
+    const auto found = batches_.find(id);
+    if (found == batches_.end()) {
+      continue;
+    }
+    Batch& batch = *found->second;
+    for (std::size_t i = 0; i < batch.slots.size(); ++i) {
+      if (!batch.slots[i].done && batch.slots[i].resubmit_at &&
+          *batch.slots[i].resubmit_at <= now) {
+        submit(batch, i, now);
+      }
+    }
+  }
+  deliver_finished(now);
+}
+
+std::optional<Time> Engine::next_wake() const {
+  std::optional<Time> earliest;
+  for (const auto& [id, batch] : batches_) {
+    if (batch->open == 0) {
+      return Time{0};  // finished without a completion: deliver at once
+    }
+    for (const Slot& slot : batch->slots) {
+      if (!slot.done && slot.resubmit_at && (!earliest || *slot.resubmit_at < *earliest)) {
+        earliest = slot.resubmit_at;
+      }
+    }
+  }
+  return earliest;
+}
+
+Result<void> Engine::pump(Time now) {
+  std::vector<transport::Completion> completions;
+  auto reaped = transport_.reap(std::chrono::milliseconds(0), completions);
+  for (auto& completion : completions) {
+    on_completion(std::move(completion), now);
+  }
+  on_time(now);
+  if (!reaped) {
+    return tl::unexpected(reaped.error());
+  }
+  return {};
+}
+
+void Engine::fail_all(const Error& error, Time now) {
+  for (auto& [id, batch] : batches_) {
+    for (std::size_t i = 0; i < batch->slots.size(); ++i) {
+      if (!batch->slots[i].done) {
+        finish(*batch, i, tl::unexpected(error));
+      }
+    }
+  }
+  tags_.clear();
+  deliver_finished(now);
+}
+
+void Engine::deliver_finished(Time now) {
+  // Callbacks may start batches (which never finish synchronously), so collect first.
+  std::vector<std::unique_ptr<Batch>> finished;
+  for (auto it = batches_.begin(); it != batches_.end();) {
+    if (it->second->open == 0) {
+      finished.push_back(std::move(it->second));
+      it = batches_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& batch : finished) {
+    batch->done(std::move(batch->responses), now);
+  }
+}
+
+}  // namespace blkfence::pr
