@@ -22,6 +22,8 @@ enum class ErrorCode : std::uint8_t {
   kTruncated,            // a device response was shorter than its own length fields claim
   kIndeterminate,        // no answer before the deadline: the command may still execute later
   kNotSupported,         // the device or kernel lacks the feature
+  kBusy,                 // another operation on the same resource is in progress
+  kLost,                 // another node holds the resource (acquire lost a race, or we were fenced)
 };
 
 std::string_view to_string(ErrorCode code);

@@ -15,6 +15,8 @@ std::string_view to_string(ErrorCode code) {
     case ErrorCode::kTruncated: return "truncated response";
     case ErrorCode::kIndeterminate: return "indeterminate (no answer before the deadline)";
     case ErrorCode::kNotSupported: return "not supported";
+    case ErrorCode::kBusy: return "busy";
+    case ErrorCode::kLost: return "held by another node";
   }
   return "unknown error";
 }

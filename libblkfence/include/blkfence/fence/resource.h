@@ -1,0 +1,227 @@
+// One fenced resource of one node: the acquire/release/fence/monitor protocol of DESIGN.md §3–§4
+// as a state machine, and the gate it decides (fence layer).
+//
+// The machine never waits and never reads a clock. It starts batches of PR commands on a
+// pr::Engine and advances when their responses come back; its owner calls on_time() when
+// next_wake() is due. blkfenced drives it from sd-event on the steady clock and real devices, the
+// simulation (tests/sim) from a simulated clock and target: the same code decides in both.
+//
+// Safety (DESIGN.md §4): S2 the gate opens only after a verify read, issued after all of our own
+// PR OUTs, showed our key as the holder and only registrant on every LU, and closes when a check
+// shows otherwise or none succeeds for `lease`; S3 the epoch is max(keys of this cluster on any
+// LU, the persisted high-water) + 1, and is made durable before the key is registered; S4 after
+// any failed or indeterminate PR OUT the state is read again before anything is decided; S5 after
+// our key was preempted the machine sends no PR OUT until an explicit acquire or unfence.
+//
+// One operation (acquire, release, unfence, fence) runs at a time; while it runs the monitor
+// pauses. Every callback runs from the engine's callbacks or on_time(). One thread; the engine, the
+// store and the observer must outlive the resource.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "blkfence/codec/cdb.h"
+#include "blkfence/codec/prout.h"
+#include "blkfence/error.h"
+#include "blkfence/fence/epoch_store.h"
+#include "blkfence/key.h"
+#include "blkfence/pr/discovery.h"
+#include "blkfence/pr/engine.h"
+
+namespace blkfence::fence {
+
+using pr::Time;
+
+enum class Mode : std::uint8_t {
+  kExclusive,  // one holder, the only registrant (type 5 by default)
+  kShared,     // fence_scsi style: every member registered, fence removes one
+};
+
+enum class State : std::uint8_t {
+  kUnknown,      // the first read has not succeeded yet
+  kReleased,     // exclusive: not the holder; shared: not registered
+  kAcquiring,    // exclusive acquire in progress
+  kHeld,         // exclusive: our key is the verified holder and only registrant on every LU
+  kUnfencing,    // shared: registering
+  kUnfenced,     // shared: our key is registered on every LU and a reservation protects them
+  kReleasing,    // giving the reservation and the registration back
+  kFenced,       // our key was preempted or removed; never re-registered by ourselves (S5)
+  kLostContact,  // no successful check for `lease` while the gate was open: fail closed
+};
+std::string_view to_string(State state);
+std::string_view to_string(Mode mode);
+
+struct ResourceOptions {
+  std::string name;
+  std::vector<pr::LogicalUnit> lus;
+  Mode mode = Mode::kExclusive;
+  codec::PrType type = codec::PrType::kWriteExclusiveRegistrantsOnly;
+  bool preempt_abort = false;  // PREEMPT AND ABORT instead of PREEMPT to take over
+  std::uint16_t cluster_id = 0;
+  std::uint16_t node_id = 0;
+  std::chrono::nanoseconds check_interval{std::chrono::seconds(1)};
+  std::chrono::nanoseconds lease{std::chrono::seconds(5)};
+  int keys_every = 4;         // READ KEYS every this many monitor rounds
+  int verify_rounds_max = 3;  // preempt-others/verify rounds before an acquire gives up
+};
+
+enum class EventKind : std::uint8_t {
+  kStateKnown,       // the first read finished (READY once every resource has one)
+  kAcquired,         // the gate opened after an acquire (or adopting our key at start)
+  kReleased,         // released on request
+  kFenced,           // our key was preempted: gate closed
+  kLostContact,      // no successful check for `lease`: gate closed
+  kContactRestored,  // a check verified our key again after lost contact: gate reopened
+  kUnfenced,         // shared: registered
+  kFencedNode,       // shared: we removed another node's key
+  kOperationFailed,  // an acquire/release/unfence/fence failed; detail says where
+};
+std::string_view to_string(EventKind kind);
+
+struct Event {
+  EventKind kind = EventKind::kStateKnown;
+  std::optional<Key> key;                  // ours
+  std::optional<std::uint64_t> other_key;  // who fenced us, or whom we fenced
+  std::string device;                      // the LU where it was seen (its name), when one
+  std::string detail;                      // one sentence for logs and status
+};
+
+class Resource;
+
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  // The gate opened (verified_since: when the verify read that justified it was issued) or
+  // closed. The observer acts on it at once (token file, writers, units).
+  virtual void on_gate(const Resource& resource, bool open, Time verified_since) = 0;
+  virtual void on_event(const Resource& resource, const Event& event) = 0;
+};
+
+// What the last successful read of a LU showed.
+struct LuView {
+  std::string name;
+  std::string wwn;
+  std::optional<std::uint64_t> holder;  // nullopt: no reservation
+  std::optional<codec::PrType> type;
+  std::vector<std::uint64_t> keys;  // from the last READ KEYS
+  std::string error;                // the last read's error; empty when it succeeded
+};
+
+struct Counters {
+  std::uint64_t acquisitions = 0;
+  std::uint64_t acquire_failures = 0;
+  std::uint64_t fenced = 0;
+  std::uint64_t lost_contact = 0;
+  std::uint64_t checks = 0;
+  std::uint64_t check_failures = 0;
+  std::uint64_t unit_attentions = 0;
+  std::chrono::nanoseconds check_latency_last{0};
+  std::chrono::nanoseconds check_latency_max{0};
+  std::chrono::nanoseconds check_latency_sum{0};
+};
+
+class Resource {
+ public:
+  // The key of an operation that succeeded (acquire, unfence), or what went wrong.
+  using Done = std::function<void(Result<Key>, Time now)>;
+
+  Resource(ResourceOptions options, pr::Engine& engine, EpochStore& epochs, Observer& observer);
+  ~Resource();
+  Resource(const Resource&) = delete;
+  Resource& operator=(const Resource&) = delete;
+
+  // Reads every LU once and decides the initial state: our own key, verified as the holder and
+  // only registrant (exclusive) or registered everywhere (shared), is adopted and the gate opens;
+  // anything else leaves it closed and touches nothing (S5).
+  void start(Time now);
+
+  void acquire(Time now, Done done);                            // exclusive
+  void release(Time now, Done done);                            // both modes: gate closed first
+  void unfence(Time now, Done done);                            // shared
+  void fence_node(std::uint16_t node_id, Time now, Done done);  // shared
+
+  void on_time(Time now);
+  std::optional<Time> next_wake() const;
+
+  const ResourceOptions& options() const { return options_; }
+  const std::string& name() const { return options_.name; }
+  State state() const { return state_; }
+  bool gate_open() const { return gate_open_; }
+  std::optional<Key> key() const { return key_; }
+  std::uint32_t epoch_high_water() const { return high_water_; }
+  const std::vector<LuView>& lus() const { return views_; }
+  std::optional<std::uint64_t> fenced_by() const { return fenced_by_; }
+  std::optional<Time> last_success() const { return last_success_; }
+  const std::string& detail() const { return detail_; }
+  bool busy() const { return op_ != Op::kNone; }
+  bool state_known() const { return state_ != State::kUnknown || probe_done_; }
+  const Counters& counters() const { return counters_; }
+
+ private:
+  enum class Op : std::uint8_t { kNone, kProbe, kAcquire, kRelease, kUnfence, kFence };
+  struct Reads;
+  using ReadsDone = std::function<void(Reads, Time)>;
+
+  void run(std::vector<pr::Request> requests, Time now,
+           std::function<void(std::vector<pr::Response>, Time)> then);
+  void read_all(bool with_keys, Time now, ReadsDone then);
+  void begin(Op op, Done done);
+  void end(Result<Key> result, Time now);
+
+  void probe_read(Reads reads, Time now);
+  void acquire_register(Key key, Reads reads, Time now);
+  void acquire_take(Key key, Reads reads, Time now);
+  void acquire_preempt_others(Key key, const Reads& reads, int round, Time now);
+  void acquire_verify(Key key, int round, Time now);
+  void acquire_succeeded(Key key, Time verified_since, Time now);
+  void acquire_failed(Key key, std::string why, Time now);
+  codec::PrOutCommand take_command(Key key, std::uint64_t victim) const;
+  void fenced(std::optional<std::uint64_t> by, const std::string& lu, std::string why, Time now);
+  void unfence_reserve(Key key, Time now);
+  void unfence_verify(Key key, Time now);
+  void fence_preempt(std::uint16_t victim, Reads reads, Time now);
+
+  void check(Time now);
+  void check_done(Reads reads, Time started, Time now);
+  void set_gate(bool open, Time verified_since);
+  void set_state(State state, std::string detail);
+  void emit(EventKind kind, std::string detail, std::optional<std::uint64_t> other = {},
+            std::string device = {});
+  Key key_for(std::uint32_t epoch) const;
+  bool ours(std::uint64_t key) const;
+
+  ResourceOptions options_;
+  pr::Engine& engine_;
+  EpochStore& epochs_;
+  Observer& observer_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+
+  State state_ = State::kUnknown;
+  bool probe_done_ = false;
+  bool gate_open_ = false;
+  std::optional<Key> key_;
+  std::uint32_t high_water_ = 0;
+  std::optional<std::uint64_t> fenced_by_;
+  std::string detail_;
+  std::vector<LuView> views_;
+
+  Op op_ = Op::kNone;
+  Done done_;
+  std::uint64_t generation_ = 0;  // bumped when an operation starts: stale check answers drop
+
+  bool check_in_flight_ = false;
+  std::optional<Time> next_check_;
+  std::optional<Time> last_success_;
+  int round_ = 0;
+  bool keys_next_ = true;  // the next check reads keys too
+  Counters counters_;
+};
+
+}  // namespace blkfence::fence
