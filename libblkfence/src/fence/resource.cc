@@ -132,6 +132,16 @@ Key Resource::key_for(std::uint32_t epoch) const {
   return *key;
 }
 
+// A key of this cluster that wins a race against ours: a higher epoch, or the same epoch and a
+// higher node id (two nodes that read the same keys chose the same epoch).
+bool Resource::outranks(std::uint64_t other, Key key) const {
+  auto theirs = Key::from_value(other);
+  if (!theirs || theirs->cluster_id() != options_.cluster_id) {
+    return false;
+  }
+  return std::pair(theirs->epoch(), theirs->node_id()) > std::pair(key.epoch(), key.node_id());
+}
+
 bool Resource::ours(std::uint64_t key) const {
   return (key >> 32U) ==
          ((static_cast<std::uint64_t>(options_.cluster_id) << 16U) | options_.node_id);
@@ -266,6 +276,7 @@ void Resource::start(Time now) {
   if (!stored) {
     set_state(State::kUnknown, "cannot read the stored epoch: " + stored.error().message());
     probe_done_ = true;
+    next_check_ = now + options_.check_interval;
     emit(EventKind::kStateKnown, detail_);
     return;  // acquire refuses without a high-water mark (S3); status still reads the LUs
   }
@@ -276,6 +287,9 @@ void Resource::start(Time now) {
 
 void Resource::probe_read(Reads reads, Time now) {
   probe_done_ = true;
+  if (reads.ok()) {
+    last_read_ok_ = reads.started;
+  }
   if (!reads.ok()) {
     set_state(State::kUnknown, "cannot read the LUs: " + reads.errors(options_.lus));
     emit(EventKind::kStateKnown, detail_);
@@ -443,7 +457,7 @@ void Resource::acquire_register(Key key, Reads reads, Time now) {
           acquire_failed(key, "register: " + error, at);
           return;
         }
-        acquire_take(key, std::move(reads), at);
+        acquire_take(key, std::move(reads), 0, at);
       });
 }
 
@@ -452,12 +466,19 @@ codec::PrOutCommand Resource::take_command(Key key, std::uint64_t victim) const 
                                 : codec::prout_preempt(key.value(), victim, options_.type);
 }
 
-void Resource::acquire_take(Key key, Reads reads, Time now) {
+void Resource::acquire_take(Key key, Reads reads, int round, Time now) {
   set_state(State::kAcquiring, "taking the reservation with " + key.to_string());
   std::vector<pr::Request> requests;
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     const auto holder = reads.holder(i);
-    if (holder && *holder != key.value()) {
+    if (holder == key.value()) {
+      continue;
+    }
+    // An older key of our own holds (an acquire after lost contact, or after one that failed past
+    // this step): the register step moved our holding nexus to the new key, so there is nothing
+    // left to preempt (a PREEMPT of the old key would find no registration and conflict).
+    // RESERVE, on the first path as every take, is GOOD for the holder.
+    if (holder && !ours(*holder)) {
       requests.push_back(
           pr::prout_first_path(options_.lus[i], take_command(key, *holder),
                                options_.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT"));
@@ -467,13 +488,13 @@ void Resource::acquire_take(Key key, Reads reads, Time now) {
     }
   }
   run(std::move(requests), now,
-      [this, key, reads = std::move(reads)](std::vector<pr::Response> responses, Time at) {
+      [this, key, round, reads = std::move(reads)](std::vector<pr::Response> responses, Time at) {
         if (const std::string error = first_error(responses); !error.empty()) {
           // Someone moved first, or the answer is unknown (S4): read again before deciding.
           acquire_failed(key, "take: " + error, at);
           return;
         }
-        acquire_preempt_others(key, reads, 0, at);
+        acquire_preempt_others(key, reads, round, at);
       });
 }
 
@@ -482,7 +503,7 @@ void Resource::acquire_preempt_others(Key key, const Reads& reads, int round, Ti
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     const auto holder = reads.holder(i);
     for (const std::uint64_t other : reads.others(i, key.value())) {
-      if (round == 0 && holder == other) {
+      if (holder == other) {
         continue;  // preempted in the take step with its registrations
       }
       requests.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other),
@@ -512,22 +533,34 @@ void Resource::acquire_verify(Key key, int round, Time now) {
       return;
     }
     bool others = false;
+    bool retake = false;
     for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-      if (reads.holder(i) != key.value() || !reads.registered(i, key.value())) {
-        acquire_failed(key,
-                       "verify: " + options_.lus[i].name + " is held by " +
-                           (reads.holder(i) ? hex(*reads.holder(i)) : "nobody"),
-                       at);
+      const auto holder = reads.holder(i);
+      if (!reads.registered(i, key.value())) {
+        acquire_failed(key, "verify: our key was removed from " + options_.lus[i].name, at);
         return;
+      }
+      if (holder != key.value()) {
+        if (holder && outranks(*holder, key)) {
+          // A racing acquire with a higher (epoch, node) takes precedence (docs/protocol.md).
+          acquire_failed(key, "verify: " + options_.lus[i].name + " is held by " + hex(*holder),
+                         at);
+          return;
+        }
+        retake = true;  // a racer with a lower key got there between our take and this read
       }
       others = others || !reads.others(i, key.value()).empty();
     }
-    if (others) {
+    if (retake || others) {
       if (round + 1 >= options_.verify_rounds_max) {
         acquire_failed(key, "verify: other keys keep appearing", at);
         return;
       }
-      acquire_preempt_others(key, reads, round + 1, at);
+      if (retake) {
+        acquire_take(key, std::move(reads), round + 1, at);
+      } else {
+        acquire_preempt_others(key, reads, round + 1, at);
+      }
       return;
     }
     acquire_succeeded(key, reads.started, at);
@@ -879,6 +912,7 @@ void Resource::check_done(Reads reads, Time started, Time now) {
     }
     return;  // the lease decides (on_time)
   }
+  last_read_ok_ = started;
   if (state_ == State::kUnknown) {
     // The first read failed at start; decide now, exactly as start() would have.
     begin(Op::kProbe, nullptr);

@@ -115,7 +115,43 @@ Result<ResolvedPath> path_of_scsi_device(const fs::path& device_dir, const Disco
   return result;
 }
 
+// A designator as the kernel names it (naa., eui., t10., or the SCSI name string of VPD 0x83).
+bool is_wwn(const std::string& name) {
+  for (const char* prefix : {"naa.", "eui.", "t10.", "iqn.", "name."}) {
+    if (name.starts_with(prefix)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Every SCSI device of this host whose LU has the WWN, each one path (I_T nexus) to it.
+Result<std::vector<ResolvedPath>> resolve_wwn(const std::string& wwn, const DiscoveryEnv& env) {
+  const fs::path devices = fs::path(env.sysfs_root) / "class/scsi_device";
+  std::vector<ResolvedPath> paths;
+  for (const auto& hctl : list_dir(devices)) {
+    const fs::path device_dir = devices / hctl / "device";
+    if (lu_identity(device_dir, hctl) != wwn) {
+      continue;
+    }
+    auto path = path_of_scsi_device(device_dir, env, wwn + " (path " + hctl + ")");
+    if (!path) {
+      return tl::unexpected(path.error());
+    }
+    paths.push_back(std::move(*path));
+  }
+  if (paths.empty()) {
+    return fail(ErrorCode::kInvalidArgument,
+                wwn + ": no SCSI device of this host has this WWN (is the target logged in? see "
+                      "'lsscsi -i' or /dev/disk/by-id/wwn-*)");
+  }
+  return paths;
+}
+
 Result<std::vector<ResolvedPath>> resolve(const std::string& name, const DiscoveryEnv& env) {
+  if (is_wwn(name)) {
+    return resolve_wwn(name, env);
+  }
   const auto node_path = canonical(name, name + ": no such device");
   if (!node_path) {
     return tl::unexpected(node_path.error());

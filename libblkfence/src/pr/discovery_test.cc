@@ -61,6 +61,8 @@ class FakeSysfs : public ::testing::Test {
     link_dev("char", 21, sg_minor, dev / "scsi_generic" / sg);
     fs::create_directories(root_ / "sys/class/block");
     fs::create_directory_symlink(dev / "block" / sd, root_ / "sys/class/block" / sd);
+    fs::create_directories(root_ / "sys/class/scsi_device" / hctl);
+    fs::create_directory_symlink(dev, root_ / "sys/class/scsi_device" / hctl / "device");
     add_node(sd, true, 8, sd_minor);
     add_node(sg, false, 21, sg_minor);
   }
@@ -107,6 +109,24 @@ TEST_F(FakeSysfs, NexusesWithOneWwnAreOneLuAndOthersStayApart) {
   EXPECT_EQ((*lus)[0].paths[1].hctl, "1:0:1:0");
   EXPECT_EQ((*lus)[1].wwn, "naa.6001405b1f0ce0000000000000000002");
   EXPECT_EQ((*lus)[1].paths.size(), 1U);
+}
+
+TEST_F(FakeSysfs, AWwnNamesEveryPathOfThisHostToTheLu) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x01);
+  add_scsi_disk("1:0:1:0", "sdb", 16, "sg1", 1, 0x01);
+  add_scsi_disk("1:0:1:1", "sdc", 32, "sg2", 2, 0x02);
+  const auto lus = discover({"naa.6001405b1f0ce0000000000000000001"}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ(lus->size(), 1U);
+  EXPECT_EQ((*lus)[0].name, "naa.6001405b1f0ce0000000000000000001");
+  ASSERT_EQ((*lus)[0].paths.size(), 2U);
+  EXPECT_EQ((*lus)[0].paths[0].sg, dev("sg0"));
+  EXPECT_EQ((*lus)[0].paths[1].sg, dev("sg1"));
+
+  const auto missing = discover({"naa.6001405b1f0ce0000000000000000009"}, env_);
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_NE(missing.error().message().find("no SCSI device of this host has this WWN"),
+            std::string::npos);
 }
 
 TEST_F(FakeSysfs, MultipathMapYieldsItsSlaves) {

@@ -159,6 +159,8 @@ class Resource {
   const std::vector<LuView>& lus() const { return views_; }
   std::optional<std::uint64_t> fenced_by() const { return fenced_by_; }
   std::optional<Time> last_success() const { return last_success_; }
+  // When the last check that read every LU was issued, whatever it showed.
+  std::optional<Time> last_read_ok() const { return last_read_ok_; }
   const std::string& detail() const { return detail_; }
   bool busy() const { return op_ != Op::kNone; }
   bool state_known() const { return state_ != State::kUnknown || probe_done_; }
@@ -177,7 +179,7 @@ class Resource {
 
   void probe_read(Reads reads, Time now);
   void acquire_register(Key key, Reads reads, Time now);
-  void acquire_take(Key key, Reads reads, Time now);
+  void acquire_take(Key key, Reads reads, int round, Time now);
   void acquire_preempt_others(Key key, const Reads& reads, int round, Time now);
   void acquire_verify(Key key, int round, Time now);
   void acquire_succeeded(Key key, Time verified_since, Time now);
@@ -196,6 +198,7 @@ class Resource {
             std::string device = {});
   Key key_for(std::uint32_t epoch) const;
   bool ours(std::uint64_t key) const;
+  bool outranks(std::uint64_t other, Key key) const;
 
   ResourceOptions options_;
   pr::Engine& engine_;
@@ -219,6 +222,7 @@ class Resource {
   bool check_in_flight_ = false;
   std::optional<Time> next_check_;
   std::optional<Time> last_success_;
+  std::optional<Time> last_read_ok_;
   int round_ = 0;
   bool keys_next_ = true;  // the next check reads keys too
   Counters counters_;

@@ -1,6 +1,7 @@
 // Device discovery: from the names a user gives to the SCSI paths of each logical unit (pr layer).
 //
-// Accepts /dev/sdX, /dev/sgN, /dev/disk/by-id/... links and dm-multipath maps (/dev/dm-N,
+// Accepts a LU's WWN (naa.6001405..., every path of this host to it), /dev/sdX, /dev/sgN,
+// /dev/disk/by-id/... links and dm-multipath maps (/dev/dm-N,
 // /dev/mapper/NAME, whose paths are the map's slaves) and groups the paths by the LU's WWN, read
 // from VPD 0x83 as the kernel cached it in sysfs. Every path of a LU is its own I_T nexus and must
 // be registered with the node's key (DESIGN.md §3). Reads sysfs only; no SCSI command is sent. The
