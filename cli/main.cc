@@ -7,6 +7,7 @@
 
 #include "blkfence/key.h"
 
+#include "daemon_commands.h"
 #include "device.h"
 
 namespace {
@@ -15,7 +16,7 @@ using blkfence::cli::DeviceAction;
 using blkfence::cli::Exit;
 
 constexpr const char* kExitCodes = R"(
-Exit status:
+Exit status (device commands):
   0  success on every LU
   1  a LU answered with a SCSI error other than a conflict
   2  bad arguments
@@ -110,10 +111,54 @@ std::string finish(Args& args, bool needs_key, bool needs_victim) {
   return "";
 }
 
+constexpr const char* kDaemonExitCodes = R"(
+Exit status (commands that talk to blkfenced):
+  0  success (gate check: the gate is open)
+  1  gate check / run: the gate is closed
+  2  bad arguments, or no such resource
+  3  blkfenced could not reach or use a device
+  4  another node holds the resource, or this node was fenced (run: the gate closed and the
+     command was killed)
+  5  the outcome is unknown (a command timed out): read 'blkfencectl status' before deciding
+  6  blkfenced is not running or its socket is not reachable (run: the daemon went away and
+     the command was killed)
+  7  permission denied: changes need root or the configured control_group
+  8  --timeout passed first (an acquire or release goes on in the daemon)
+  9  any other error the daemon reported
+run exits with the command's own status when the command ends by itself.
+--timeout takes 500ms, 30s, 2m, or a number of milliseconds. The socket is
+/run/blkfence/control.sock, or $BLKFENCE_SOCKET, or --socket.
+)";
+
+// "500ms", "30s", "2m" or a number of milliseconds.
+std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {
+  std::size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  const std::string unit = text.substr(used);
+  if (value < 0) {
+    return std::nullopt;
+  }
+  if (unit.empty() || unit == "ms") {
+    return std::chrono::milliseconds(value);
+  }
+  if (unit == "s") {
+    return std::chrono::seconds(value);
+  }
+  if (unit == "m" || unit == "min") {
+    return std::chrono::minutes(value);
+  }
+  return std::nullopt;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"blkfencectl: SCSI persistent reservation fencing for shared LUs", "blkfencectl"};
   app.require_subcommand(1);
-  app.footer(kExitCodes);
+  app.footer(std::string(kExitCodes) + kDaemonExitCodes);
   Args args;
 
   CLI::App* device =
@@ -188,6 +233,74 @@ int run(int argc, char** argv) {
     by_app[sub] = &spec;
   }
 
+  // Commands that talk to blkfenced.
+  blkfence::cli::DaemonOptions daemon_options;
+  std::string timeout_text;
+  int fence_node = 0;
+  std::vector<std::string> command;
+  const auto daemon_command = [&](const char* name, const char* help, bool resource_required,
+                                  bool resource_allowed = true) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    sub->footer(kDaemonExitCodes);
+    if (resource_allowed) {
+      auto* option = sub->add_option("RESOURCE", daemon_options.resource,
+                                     "The resource, as named in blkfence.toml");
+      if (resource_required) {
+        option->required();
+      }
+    }
+    sub->add_flag("--json", daemon_options.json, "Print the daemon's JSON reply");
+    sub->add_option("--timeout", timeout_text, "Give up waiting after this long (e.g. 30s)");
+    sub->add_option("--socket", daemon_options.socket, "blkfenced's control socket");
+    return sub;
+  };
+  CLI::App* status = daemon_command(
+      "status", "The state of every resource (or one): gate, key, epoch, and each LU's holder",
+      false);
+  CLI::App* acquire = daemon_command(
+      "acquire",
+      "Take the resource for this node (exclusive mode): preempt the holder with a higher epoch, "
+      "verify every LU, open the gate. Patroni's pre_promote runs this",
+      true);
+  CLI::App* release = daemon_command(
+      "release", "Close the gate (stopping the gated units), then release and unregister", true);
+  CLI::App* unfence = daemon_command(
+      "unfence", "Shared mode: register this node on every LU (and reserve if nobody has)", true);
+  CLI::App* fence = daemon_command(
+      "fence", "Shared mode: remove another node's key from every LU (preempt)", true);
+  fence->add_option("-n,--node", fence_node, "The node id to fence (1-65535)")->required();
+  CLI::App* keys = daemon_command(
+      "keys", "Read the registered keys and the holder of every LU now, through blkfenced", true);
+  CLI::App* watch = daemon_command(
+      "watch", "Print the state, then every change (gate, fenced, acquired...) as it happens",
+      false);
+  CLI::App* metrics = daemon_command(
+      "metrics", "Print blkfenced's metrics in the Prometheus text format", false, false);
+  CLI::App* gate = app.add_subcommand("gate", "The writer gate: check it or wait for it");
+  gate->require_subcommand(1);
+  CLI::App* gate_check = gate->add_subcommand(
+      "check", "Exit 0 when the gate is open, 1 when closed (for ExecCondition=)");
+  CLI::App* gate_wait =
+      gate->add_subcommand("wait", "Wait until the gate is open and print the token");
+  for (CLI::App* sub : {gate_check, gate_wait}) {
+    sub->footer(kDaemonExitCodes);
+    sub->add_option("RESOURCE", daemon_options.resource, "The resource")->required();
+    sub->add_flag("--json", daemon_options.json, "Print the daemon's JSON reply");
+    sub->add_option("--timeout", timeout_text, "Give up waiting after this long (e.g. 30s)");
+    sub->add_option("--socket", daemon_options.socket, "blkfenced's control socket");
+  }
+  CLI::App* run_sub = daemon_command(
+      "run",
+      "Run a command while the gate is open: it gets BLKFENCE_TOKEN, BLKFENCE_EPOCH and "
+      "BLKFENCE_RESOURCE, and its whole process group is killed (SIGKILL) the moment the gate "
+      "closes or blkfenced goes away. Without --timeout the gate must be open already; with it, "
+      "run waits that long for it to open",
+      true);
+  run_sub->add_option("COMMAND", command, "The command and its arguments, after --")->required();
+  run_sub->footer(std::string("Example:\n  blkfencectl run pgdata --timeout 30s -- "
+                              "/usr/local/bin/writer --epoch-from-env\n") +
+                  kDaemonExitCodes);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {
@@ -198,6 +311,50 @@ int run(int argc, char** argv) {
     return static_cast<int>(Exit::kUsage);
   }
 
+  if (!timeout_text.empty()) {
+    daemon_options.timeout = parse_duration(timeout_text);
+    if (!daemon_options.timeout) {
+      std::cerr << "blkfencectl: --timeout '" << timeout_text
+                << "': expected 500ms, 30s, 2m or a number of milliseconds\n";
+      return static_cast<int>(Exit::kUsage);
+    }
+  }
+  if (fence->parsed()) {
+    if (fence_node < 1 || fence_node > 65535) {
+      std::cerr << "blkfencectl: fence: --node must be 1 to 65535\n";
+      return static_cast<int>(Exit::kUsage);
+    }
+    daemon_options.node = static_cast<std::uint16_t>(fence_node);
+  }
+  using namespace blkfence::cli;
+  if (status->parsed()) {
+    return status_command(daemon_options);
+  }
+  if (acquire->parsed() || release->parsed() || unfence->parsed() || fence->parsed()) {
+    const std::string op = acquire->parsed()   ? "acquire"
+                           : release->parsed() ? "release"
+                           : unfence->parsed() ? "unfence"
+                                               : "fence";
+    return operation_command(op, daemon_options);
+  }
+  if (keys->parsed()) {
+    return keys_command(daemon_options);
+  }
+  if (watch->parsed()) {
+    return watch_command(daemon_options);
+  }
+  if (metrics->parsed()) {
+    return metrics_command(daemon_options);
+  }
+  if (gate_check->parsed()) {
+    return gate_check_command(daemon_options);
+  }
+  if (gate_wait->parsed()) {
+    return gate_wait_command(daemon_options);
+  }
+  if (run_sub->parsed()) {
+    return run_command(daemon_options, command);
+  }
   for (const auto& [sub, spec] : by_app) {
     if (!sub->parsed()) {
       continue;

@@ -21,7 +21,9 @@ lab_require_qemu() {
     lab_say "skipped: qemu-system-x86_64 is not installed (tests/run installs it: apt-get install qemu-system-x86)"
     exit "$lab_exit_skip"
   fi
-  command -v busybox >/dev/null && busybox --list | grep -qx switch_root ||
+  # grep without -q reads the whole list: with -q it may exit first and busybox's SIGPIPE fails
+  # the pipeline under pipefail (seen once, a flaky 'missing' error).
+  command -v busybox >/dev/null && busybox --list | grep -x switch_root >/dev/null ||
     lab_die "busybox with switch_root is missing (apt-get install busybox-static)"
 }
 

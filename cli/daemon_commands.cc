@@ -1,0 +1,506 @@
+// blkfencectl's daemon commands (cli layer). See daemon_commands.h.
+#include "daemon_commands.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "control_client.h"
+#include "control_protocol.h"
+
+namespace blkfence::cli {
+namespace {
+
+using daemon::Op;
+using daemon::Reply;
+using daemon::ReplyError;
+using Clock = std::chrono::steady_clock;
+
+int code(DaemonExit exit) {
+  return static_cast<int>(exit);
+}
+
+std::optional<Clock::time_point> deadline_of(const DaemonOptions& options) {
+  if (!options.timeout) {
+    return std::nullopt;
+  }
+  return Clock::now() + *options.timeout;
+}
+
+DaemonExit exit_for(ReplyError error) {
+  switch (error) {
+    case ReplyError::kConflict: return DaemonExit::kConflict;
+    case ReplyError::kIndeterminate: return DaemonExit::kIndeterminate;
+    case ReplyError::kDevice: return DaemonExit::kDevice;
+    case ReplyError::kPermissionDenied: return DaemonExit::kDenied;
+    case ReplyError::kTimeout: return DaemonExit::kTimeout;
+    case ReplyError::kUnknownResource:
+    case ReplyError::kBadRequest: return DaemonExit::kUsage;
+    default: return DaemonExit::kFailed;
+  }
+}
+
+std::string hint_for(ReplyError error, const std::string& resource) {
+  switch (error) {
+    case ReplyError::kConflict:
+      return "another node holds it; see 'blkfencectl status " + resource + "'";
+    case ReplyError::kIndeterminate:
+      return "the outcome is unknown; read 'blkfencectl status " + resource +
+             "' before retrying (retrying an acquire is safe)";
+    case ReplyError::kPermissionDenied:
+      return "run as root or as a member of the configured control_group";
+    case ReplyError::kTimeout:
+      return "the daemon goes on; see 'blkfencectl status " + resource + "'";
+    default: return "";
+  }
+}
+
+// Connects and sends; prints why not and sets exit when it fails.
+std::optional<ControlClient> open_and_send(const DaemonOptions& options, daemon::Request request,
+                                           int& exit) {
+  const std::string path = options.socket.empty() ? default_socket_path() : options.socket;
+  auto client = ControlClient::connect(path);
+  if (!client) {
+    std::cerr << "blkfencectl: cannot reach blkfenced: " << client.error().message()
+              << "\n  is it running? 'systemctl status blkfenced' (socket " << path << ")\n";
+    exit = code(DaemonExit::kNoDaemon);
+    return std::nullopt;
+  }
+  request.timeout = options.timeout;
+  if (auto sent = client->send(request); !sent) {
+    std::cerr << "blkfencectl: " << sent.error().message() << '\n';
+    exit = code(DaemonExit::kNoDaemon);
+    return std::nullopt;
+  }
+  return std::move(*client);
+}
+
+// The reply to our request (skipping events), or an exit status after printing why not.
+std::optional<Reply> await_reply(ControlClient& client, std::optional<Clock::time_point> deadline,
+                                 const std::string& resource, int& exit) {
+  for (;;) {
+    auto reply = client.next(deadline);
+    if (!reply) {
+      const bool timed_out = reply.error().code() == ErrorCode::kIndeterminate;
+      std::cerr << "blkfencectl: " << reply.error().message() << '\n';
+      exit = code(timed_out ? DaemonExit::kTimeout : DaemonExit::kNoDaemon);
+      return std::nullopt;
+    }
+    if (reply->is_event) {
+      continue;
+    }
+    if (!reply->ok) {
+      const auto& error = *reply->error;
+      std::cerr << "blkfencectl: " << error.message << " (" << daemon::to_string(error.code)
+                << ")\n";
+      if (const std::string hint = hint_for(error.code, resource); !hint.empty()) {
+        std::cerr << "  " << hint << '\n';
+      }
+      exit = code(exit_for(error.code));
+      return std::nullopt;
+    }
+    return std::move(*reply);
+  }
+}
+
+std::string key_text(const std::optional<std::uint64_t>& key) {
+  return key ? daemon::format_key(*key) : "-";
+}
+
+void print_status(const daemon::ResourceStatus& s, bool with_lus) {
+  std::printf(
+      "%-16s %-9s %-12s %-6s %-18s %6u  %s\n", s.name.c_str(), s.mode.c_str(), s.state.c_str(),
+      s.gate_open ? "open" : "closed", key_text(s.key).c_str(), s.epoch,
+      s.last_check_age_ms ? (std::to_string(*s.last_check_age_ms) + " ms ago").c_str() : "never");
+  if (!s.detail.empty()) {
+    std::printf("  %s\n", s.detail.c_str());
+  }
+  if (s.fenced_by) {
+    std::printf("  fenced by %s\n", daemon::format_key(*s.fenced_by).c_str());
+  }
+  if (!with_lus) {
+    return;
+  }
+  for (const auto& lu : s.lus) {
+    std::string devices;
+    for (const auto& d : lu.devices) {
+      devices += (devices.empty() ? "" : ",") + d;
+    }
+    std::string keys;
+    for (const auto k : lu.keys) {
+      keys += (keys.empty() ? "" : " ") + daemon::format_key(k);
+    }
+    std::printf("  %-36s %-24s holder %-18s keys %s%s%s\n", lu.wwn.c_str(), devices.c_str(),
+                key_text(lu.holder).c_str(), keys.empty() ? "-" : keys.c_str(),
+                lu.error.empty() ? "" : "  error: ", lu.error.c_str());
+  }
+}
+
+void print_header() {
+  std::printf("%-16s %-9s %-12s %-6s %-18s %6s  %s\n", "RESOURCE", "MODE", "STATE", "GATE", "KEY",
+              "EPOCH", "LAST CHECK");
+}
+
+std::optional<daemon::ResourceStatus> status_from(const nlohmann::json& json) {
+  auto status = daemon::resource_status_from_json(json);
+  if (!status) {
+    std::cerr << "blkfencectl: unreadable status from blkfenced: " << status.error() << '\n';
+    return std::nullopt;
+  }
+  return *status;
+}
+
+}  // namespace
+
+int status_command(const DaemonOptions& options) {
+  int exit = 0;
+  auto client = open_and_send(
+      options,
+      {.id = 1, .op = Op::kStatus, .resource = options.resource, .node = {}, .timeout = {}}, exit);
+  if (!client) {
+    return exit;
+  }
+  auto reply = await_reply(*client, deadline_of(options), options.resource, exit);
+  if (!reply) {
+    return exit;
+  }
+  if (options.json) {
+    std::cout << reply->body.dump(2) << '\n';
+    return 0;
+  }
+  std::printf("cluster %s, node %s\n", reply->body.value("cluster", std::string("?")).c_str(),
+              reply->body.contains("node") ? reply->body["node"].dump().c_str() : "?");
+  print_header();
+  for (const auto& json : reply->body.value("resources", nlohmann::json::array())) {
+    if (auto status = status_from(json)) {
+      print_status(*status, true);
+    }
+  }
+  return 0;
+}
+
+int operation_command(const std::string& op, const DaemonOptions& options) {
+  int exit = 0;
+  const auto parsed = daemon::op_from_string(op);
+  auto client = open_and_send(
+      options,
+      {.id = 1, .op = *parsed, .resource = options.resource, .node = options.node, .timeout = {}},
+      exit);
+  if (!client) {
+    return exit;
+  }
+  // The daemon answers kTimeout itself at --timeout; allow a little more for its reply.
+  std::optional<Clock::time_point> deadline;
+  if (options.timeout) {
+    deadline = Clock::now() + *options.timeout + std::chrono::seconds(2);
+  }
+  auto reply = await_reply(*client, deadline, options.resource, exit);
+  if (!reply) {
+    return exit;
+  }
+  if (options.json) {
+    std::cout << reply->body.dump(2) << '\n';
+    return 0;
+  }
+  const std::string key = reply->body.value("key", std::string());
+  if (op == "acquire") {
+    std::printf("%s: acquired, token %s, epoch %s\n", options.resource.c_str(), key.c_str(),
+                reply->body["epoch"].dump().c_str());
+  } else if (op == "unfence") {
+    std::printf("%s: unfenced, key %s\n", options.resource.c_str(), key.c_str());
+  } else if (op == "fence") {
+    std::printf("%s: node %u fenced\n", options.resource.c_str(),
+                static_cast<unsigned>(*options.node));
+  } else {
+    std::printf("%s: released %s\n", options.resource.c_str(), key.c_str());
+  }
+  return 0;
+}
+
+int keys_command(const DaemonOptions& options) {
+  int exit = 0;
+  auto client = open_and_send(
+      options, {.id = 1, .op = Op::kKeys, .resource = options.resource, .node = {}, .timeout = {}},
+      exit);
+  if (!client) {
+    return exit;
+  }
+  auto reply = await_reply(*client, deadline_of(options), options.resource, exit);
+  if (!reply) {
+    return exit;
+  }
+  if (options.json) {
+    std::cout << reply->body.dump(2) << '\n';
+    return 0;
+  }
+  auto status = status_from(reply->body["status"]);
+  if (!status) {
+    return code(DaemonExit::kFailed);
+  }
+  int result = 0;
+  for (const auto& lu : status->lus) {
+    std::printf("%s\n  holder: %s\n", lu.wwn.c_str(), key_text(lu.holder).c_str());
+    for (const auto k : lu.keys) {
+      std::printf("  key:    %s\n", daemon::format_key(k).c_str());
+    }
+    if (!lu.error.empty()) {
+      std::printf("  error:  %s\n", lu.error.c_str());
+      result = code(DaemonExit::kDevice);
+    }
+  }
+  return result;
+}
+
+int metrics_command(const DaemonOptions& options) {
+  int exit = 0;
+  auto client = open_and_send(
+      options, {.id = 1, .op = Op::kMetrics, .resource = {}, .node = {}, .timeout = {}}, exit);
+  if (!client) {
+    return exit;
+  }
+  auto reply = await_reply(*client, deadline_of(options), "", exit);
+  if (!reply) {
+    return exit;
+  }
+  std::cout << reply->body.value("text", std::string());
+  return 0;
+}
+
+int watch_command(const DaemonOptions& options) {
+  int exit = 0;
+  auto client = open_and_send(
+      options, {.id = 1, .op = Op::kWatch, .resource = options.resource, .node = {}, .timeout = {}},
+      exit);
+  if (!client) {
+    return exit;
+  }
+  const auto deadline = deadline_of(options);
+  auto first = await_reply(*client, deadline, options.resource, exit);
+  if (!first) {
+    return exit;
+  }
+  if (options.json) {
+    std::cout << first->body.dump() << std::endl;
+  } else {
+    print_header();
+    for (const auto& json : first->body.value("resources", nlohmann::json::array())) {
+      if (auto status = status_from(json)) {
+        print_status(*status, false);
+      }
+    }
+  }
+  for (;;) {
+    auto event = client->next(deadline);
+    if (!event) {
+      if (event.error().code() == ErrorCode::kIndeterminate) {
+        return 0;  // --timeout: watched as long as asked
+      }
+      std::cerr << "blkfencectl: " << event.error().message() << '\n';
+      return code(DaemonExit::kNoDaemon);
+    }
+    if (options.json) {
+      std::cout << event->body.dump() << std::endl;
+      continue;
+    }
+    if (auto status = status_from(event->body["status"])) {
+      std::printf("%s: ", event->body.value("event", std::string("?")).c_str());
+      print_status(*status, false);
+      std::fflush(stdout);
+    }
+  }
+}
+
+namespace {
+
+// Watches the resource until its gate is open; the token and epoch, or an exit status.
+struct Opened {
+  std::string token;
+  std::uint32_t epoch = 0;
+};
+std::optional<Opened> wait_open(ControlClient& client, const DaemonOptions& options, bool wait,
+                                int& exit) {
+  const auto deadline = deadline_of(options);
+  auto first = await_reply(client, deadline, options.resource, exit);
+  if (!first) {
+    return std::nullopt;
+  }
+  std::optional<daemon::ResourceStatus> status;
+  for (const auto& json : first->body.value("resources", nlohmann::json::array())) {
+    status = status_from(json);
+  }
+  while (status && !(status->gate_open && status->key)) {
+    if (!wait) {
+      std::cerr << "blkfencectl: the gate of " << options.resource << " is closed (state "
+                << status->state << ")\n";
+      exit = code(DaemonExit::kClosed);
+      return std::nullopt;
+    }
+    auto event = client.next(deadline);
+    if (!event) {
+      const bool timed_out = event.error().code() == ErrorCode::kIndeterminate;
+      std::cerr << "blkfencectl: "
+                << (timed_out ? "the gate of " + options.resource + " did not open before --timeout"
+                              : event.error().message())
+                << '\n';
+      exit = code(timed_out ? DaemonExit::kTimeout : DaemonExit::kNoDaemon);
+      return std::nullopt;
+    }
+    if (event->is_event) {
+      status = status_from(event->body["status"]);
+    }
+  }
+  if (!status) {
+    exit = code(DaemonExit::kFailed);
+    return std::nullopt;
+  }
+  return Opened{.token = daemon::format_key(*status->key), .epoch = status->epoch};
+}
+
+}  // namespace
+
+int gate_check_command(const DaemonOptions& options) {
+  int exit = 0;
+  auto client = open_and_send(
+      options, {.id = 1, .op = Op::kGate, .resource = options.resource, .node = {}, .timeout = {}},
+      exit);
+  if (!client) {
+    return exit;
+  }
+  auto reply = await_reply(*client, deadline_of(options), options.resource, exit);
+  if (!reply) {
+    return exit;
+  }
+  const bool open = reply->body.value("open", false);
+  if (options.json) {
+    std::cout << reply->body.dump(2) << '\n';
+  } else if (open) {
+    std::printf("%s: open, token %s\n", options.resource.c_str(),
+                reply->body.value("token", std::string()).c_str());
+  } else {
+    std::fprintf(stderr, "%s: closed\n", options.resource.c_str());
+  }
+  return open ? 0 : code(DaemonExit::kClosed);
+}
+
+int gate_wait_command(const DaemonOptions& options) {
+  int exit = 0;
+  auto client = open_and_send(
+      options, {.id = 1, .op = Op::kWatch, .resource = options.resource, .node = {}, .timeout = {}},
+      exit);
+  if (!client) {
+    return exit;
+  }
+  auto opened = wait_open(*client, options, true, exit);
+  if (!opened) {
+    return exit;
+  }
+  std::printf("%s\n", opened->token.c_str());
+  return 0;
+}
+
+int run_command(const DaemonOptions& options, const std::vector<std::string>& argv) {
+  int exit = 0;
+  auto client = open_and_send(
+      options, {.id = 1, .op = Op::kWatch, .resource = options.resource, .node = {}, .timeout = {}},
+      exit);
+  if (!client) {
+    return exit;
+  }
+  // Without --timeout the gate must be open now; with it, wait that long for it to open.
+  auto opened = wait_open(*client, options, options.timeout.has_value(), exit);
+  if (!opened) {
+    return exit;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  sigset_t old;
+  sigprocmask(SIG_BLOCK, &signals, &old);
+  const pid_t child = ::fork();
+  if (child < 0) {
+    std::cerr << "blkfencectl: fork: " << std::strerror(errno) << '\n';
+    return code(DaemonExit::kFailed);
+  }
+  if (child == 0) {
+    ::setpgid(0, 0);
+    sigprocmask(SIG_SETMASK, &old, nullptr);
+    ::close(client->fd());
+    ::setenv("BLKFENCE_TOKEN", opened->token.c_str(), 1);
+    ::setenv("BLKFENCE_EPOCH", std::to_string(opened->epoch).c_str(), 1);
+    ::setenv("BLKFENCE_RESOURCE", options.resource.c_str(), 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) {
+      args.push_back(const_cast<char*>(a.c_str()));
+    }
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "blkfencectl: cannot run %s: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::setpgid(child, child);  // both sides, so it holds whichever runs first
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
+  // TERM/INT/HUP go to the command's group instead of killing us and leaving it running.
+  const int sigfd = ::signalfd(-1, &signals, SFD_CLOEXEC);
+  const auto kill_group = [&](const char* why) {
+    ::kill(-child, SIGKILL);
+    std::fprintf(stderr, "blkfencectl run: %s: killed the command (process group %d)\n", why,
+                 child);
+  };
+  int result = -1;
+  while (result < 0) {
+    pollfd fds[3] = {{.fd = client->fd(), .events = POLLIN, .revents = 0},
+                     {.fd = pidfd, .events = POLLIN, .revents = 0},
+                     {.fd = sigfd, .events = POLLIN, .revents = 0}};
+    if (::poll(fds, 3, -1) < 0 && errno != EINTR) {
+      kill_group("poll failed");
+      result = code(DaemonExit::kFailed);
+      break;
+    }
+    if ((fds[2].revents & POLLIN) != 0) {
+      signalfd_siginfo info{};
+      if (::read(sigfd, &info, sizeof info) == sizeof info) {
+        ::kill(-child, static_cast<int>(info.ssi_signo));
+      }
+    }
+    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+      auto event = client->next(Clock::now());
+      if (!event && event.error().code() != ErrorCode::kIndeterminate) {
+        // Fail closed: without the daemon nothing vouches for the token any more.
+        kill_group("lost blkfenced");
+        result = code(DaemonExit::kNoDaemon);
+        break;
+      }
+      if (event && event->is_event) {
+        auto status = status_from(event->body["status"]);
+        if (status && (!status->gate_open || status->key != daemon::parse_key(opened->token))) {
+          kill_group(
+              ("the gate of " + options.resource + " closed (" + status->state + ")").c_str());
+          result = code(DaemonExit::kConflict);
+          break;
+        }
+      }
+    }
+    if ((fds[1].revents & POLLIN) != 0) {
+      int wstatus = 0;
+      if (::waitpid(child, &wstatus, WNOHANG) == child) {
+        result = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+      }
+    }
+  }
+  int wstatus = 0;
+  (void)::waitpid(child, &wstatus, 0);
+  return result;
+}
+
+}  // namespace blkfence::cli

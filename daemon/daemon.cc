@@ -1,0 +1,706 @@
+// blkfenced's core (daemon layer). See daemon.h.
+#include "daemon.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstring>
+#include <filesystem>
+
+#include <grp.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <systemd/sd-event.h>
+#include <time.h>
+
+#include "blkfence/codec/prin.h"
+#include "blkfence/pr/client.h"
+
+#include "log.h"
+
+namespace blkfence::daemon {
+namespace {
+
+LogFields fields_of(const fence::Resource& resource, std::string_view message_id = {},
+                    std::string device = {}) {
+  const auto key = resource.key();
+  return LogFields{.resource = resource.name(),
+                   .key = key ? std::optional(key->value()) : std::nullopt,
+                   .epoch = key ? std::optional(key->epoch()) : std::nullopt,
+                   .device = std::move(device),
+                   .message_id = message_id};
+}
+
+fence::Mode fence_mode(Mode mode) {
+  return mode == Mode::kExclusive ? fence::Mode::kExclusive : fence::Mode::kShared;
+}
+
+ReplyError reply_error_for(const Error& error) {
+  switch (error.code()) {
+    case ErrorCode::kBusy: return ReplyError::kBusy;
+    case ErrorCode::kLost:
+    case ErrorCode::kReservationConflict: return ReplyError::kConflict;
+    case ErrorCode::kIndeterminate: return ReplyError::kIndeterminate;
+    case ErrorCode::kInvalidArgument: return ReplyError::kBadRequest;
+    default: return ReplyError::kDevice;
+  }
+}
+
+Result<std::unique_ptr<transport::Transport>> transport_for(const std::string& kind) {
+  if (kind == "uring") {
+    return transport::make_transport(transport::TransportKind::kUring);
+  }
+  if (kind == "sgio") {
+    return transport::make_transport(transport::TransportKind::kSgio);
+  }
+  return transport::make_transport(transport::TransportKind::kAuto);
+}
+
+Result<void> make_dir(const std::string& path, mode_t mode) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) {
+    return fail(ErrorCode::kOs, "create " + path + ": " + ec.message());
+  }
+  (void)::chmod(path.c_str(), mode);
+  return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
+  std::unique_ptr<Daemon> daemon(new Daemon());
+  daemon->config_ = std::move(config);
+  const Config& c = daemon->config_;
+  if (auto made = make_dir(c.state_dir, 0700); !made) {
+    return tl::unexpected(made.error());
+  }
+  if (auto made = make_dir(c.run_dir, 0755); !made) {
+    return tl::unexpected(made.error());
+  }
+  if (const int r = sd_event_default(&daemon->event_); r < 0) {
+    return tl::unexpected(Error::os(-r, "sd_event_default"));
+  }
+  auto made_transport = transport_for(c.transport);
+  if (!made_transport) {
+    return tl::unexpected(made_transport.error());
+  }
+  daemon->transport_ = std::move(*made_transport);
+  // One engine for every resource (they share the transport's completions); the shortest
+  // configured command timeout applies to all.
+  pr::RetryPolicy policy;
+  policy.command_timeout = std::chrono::milliseconds::max();
+  for (const auto& resource : c.resources) {
+    policy.command_timeout = std::min(policy.command_timeout, resource.command_timeout);
+  }
+  daemon->engine_ = std::make_unique<pr::Engine>(*daemon->transport_, policy);
+  daemon->epochs_ = fence::make_file_epoch_store(c.state_dir);
+  daemon->gate_ = std::make_unique<Gate>(daemon->event_, c.run_dir);
+
+  const auto env = pr::system_discovery_env();
+  for (const auto& resource : c.resources) {
+    auto lus = pr::discover(resource.devices, env);
+    if (!lus) {
+      return fail(lus.error().code(), "resource " + resource.name + ": " + lus.error().message());
+    }
+    if (lus->size() != resource.devices.size()) {
+      return fail(ErrorCode::kInvalidArgument,
+                  "resource " + resource.name + ": " + std::to_string(resource.devices.size()) +
+                      " devices name only " + std::to_string(lus->size()) +
+                      " LUs (two of them are paths to one LU; list each LU once, by WWN)");
+    }
+    // The gate is closed until the protocol says otherwise, whatever a previous run left.
+    daemon->gate_->close(resource.name);
+    fence::ResourceOptions options{
+        .name = resource.name,
+        .lus = std::move(*lus),
+        .mode = fence_mode(resource.mode),
+        .type = resource.type,
+        .preempt_abort = resource.preempt_abort,
+        .cluster_id = fence::cluster_id_from_name(c.cluster),
+        .node_id = c.node_id,
+        .check_interval = resource.check_interval,
+        .lease = resource.lease,
+        .keys_every = resource.keys_every,
+        .verify_rounds_max = 3,
+    };
+    daemon->resources_.push_back(std::make_unique<fence::Resource>(
+        std::move(options), *daemon->engine_, *daemon->epochs_, *daemon));
+  }
+
+  auto control = ControlServer::make(daemon->event_, c.run_dir + "/control.sock", *daemon);
+  if (!control) {
+    return tl::unexpected(control.error());
+  }
+  daemon->control_ = std::move(*control);
+  return daemon;
+}
+
+Daemon::~Daemon() {
+  // Stopping closes every gate: nothing vouches for the tokens once the daemon is gone.
+  for (const auto& resource : resources_) {
+    gate_->close(resource->name());
+  }
+  control_.reset();
+  resources_.clear();
+  engine_.reset();
+  sd_event_source_disable_unref(transport_source_);
+  sd_event_source_disable_unref(timer_source_);
+  sd_event_source_disable_unref(post_source_);
+  for (auto* source : signal_sources_) {
+    sd_event_source_disable_unref(source);
+  }
+  gate_.reset();
+  transport_.reset();
+  sd_event_unref(event_);
+}
+
+pr::Time Daemon::now() const {
+  timespec ts{};
+  (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+int Daemon::run() {
+  int r = sd_event_add_io(event_, &transport_source_, transport_->poll_fd(), EPOLLIN,
+                          &Daemon::on_transport, this);
+  if (r >= 0) {
+    r = sd_event_add_time(event_, &timer_source_, CLOCK_MONOTONIC, UINT64_MAX, 0, &Daemon::on_timer,
+                          this);
+  }
+  if (r >= 0) {
+    r = sd_event_add_post(event_, &post_source_, &Daemon::on_post, this);
+  }
+  for (const int signal : {SIGTERM, SIGINT}) {
+    sd_event_source* source = nullptr;
+    if (r >= 0) {
+      r = sd_event_add_signal(event_, &source, signal, &Daemon::on_signal, this);
+      signal_sources_.push_back(source);
+    }
+  }
+  if (r < 0) {
+    log(Priority::kErr, std::string("cannot set up the event loop: ") + std::strerror(-r));
+    return 1;
+  }
+  std::uint64_t watchdog = 0;
+  if (sd_watchdog_enabled(0, &watchdog) > 0) {
+    watchdog_usec_ = watchdog;
+  }
+  started_ = now();
+  log(Priority::kInfo, "blkfenced started: cluster " + config_.cluster + ", node " +
+                           std::to_string(config_.node_id) + ", " +
+                           std::to_string(resources_.size()) + " resource(s), transport " +
+                           std::string(transport_->name()));
+  for (const auto& resource : resources_) {
+    resource->start(started_);
+  }
+  schedule();
+  r = sd_event_loop(event_);
+  (void)sd_notify(0, "STOPPING=1");
+  if (r < 0) {
+    log(Priority::kErr, std::string("event loop failed: ") + std::strerror(-r));
+    return 1;
+  }
+  return 0;
+}
+
+int Daemon::on_transport(sd_event_source*, int, std::uint32_t, void* self) {
+  auto* daemon = static_cast<Daemon*>(self);
+  if (auto pumped = daemon->engine_->pump(daemon->now()); !pumped) {
+    log(Priority::kErr, "transport failed: " + pumped.error().message());
+    daemon->engine_->fail_all(pumped.error(), daemon->now());
+  }
+  return 0;
+}
+
+int Daemon::on_timer(sd_event_source*, std::uint64_t, void*) {
+  return 0;  // on_post does the work after every dispatch
+}
+
+int Daemon::on_post(sd_event_source*, void* self) {
+  auto* daemon = static_cast<Daemon*>(self);
+  daemon->tick();
+  daemon->schedule();
+  return 0;
+}
+
+int Daemon::on_signal(sd_event_source* source, const ::signalfd_siginfo* info, void*) {
+  log(Priority::kInfo, std::string("stopping on ") + strsignal(static_cast<int>(info->ssi_signo)) +
+                           "; gates close, reservations stay (a restart adopts them)");
+  return sd_event_exit(sd_event_source_get_event(source), 0);
+}
+
+void Daemon::tick() {
+  const pr::Time t = now();
+  engine_->on_time(t);
+  for (const auto& resource : resources_) {
+    resource->on_time(t);
+  }
+  feed_watchdog();
+}
+
+void Daemon::schedule() {
+  std::optional<pr::Time> wake = engine_->next_wake();
+  for (const auto& resource : resources_) {
+    if (const auto next = resource->next_wake(); next && (!wake || *next < *wake)) {
+      wake = next;
+    }
+  }
+  if (watchdog_usec_ != 0) {
+    const pr::Time next = last_watchdog_ + std::chrono::microseconds(watchdog_usec_ / 4);
+    wake = wake ? std::min(*wake, next) : next;
+  }
+  if (!wake) {
+    (void)sd_event_source_set_enabled(timer_source_, SD_EVENT_OFF);
+    return;
+  }
+  const auto usec = std::chrono::duration_cast<std::chrono::microseconds>(*wake).count();
+  (void)sd_event_source_set_time(timer_source_,
+                                 static_cast<std::uint64_t>(std::max<long>(usec, 1)));
+  (void)sd_event_source_set_time_accuracy(timer_source_, 1);
+  (void)sd_event_source_set_enabled(timer_source_, SD_EVENT_ONESHOT);
+}
+
+void Daemon::feed_watchdog() {
+  if (watchdog_usec_ == 0) {
+    return;
+  }
+  // WATCHDOG=1 only while every resource has read its LUs recently: a daemon that cannot reach
+  // its storage, or whose loop is stuck, is restarted by systemd (DESIGN.md §6).
+  const pr::Time t = now();
+  if (t - last_watchdog_ < std::chrono::microseconds(watchdog_usec_ / 4)) {
+    return;
+  }
+  for (const auto& resource : resources_) {
+    const auto& options = resource->options();
+    const auto fresh = std::max(options.lease, 3 * options.check_interval);
+    const auto read = resource->last_read_ok();
+    if (!read || t - *read > fresh) {
+      return;
+    }
+  }
+  last_watchdog_ = t;
+  (void)sd_notify(0, "WATCHDOG=1");
+}
+
+void Daemon::notify_status() {
+  std::string status = "STATUS=";
+  for (std::size_t i = 0; i < resources_.size(); ++i) {
+    const auto& resource = *resources_[i];
+    status += (i == 0 ? "" : "; ") + resource.name() + ": " +
+              std::string(fence::to_string(resource.state()));
+    if (resource.gate_open() && resource.key()) {
+      status += " " + resource.key()->to_string();
+    }
+  }
+  (void)sd_notify(0, status.c_str());
+  if (!ready_sent_ && std::all_of(resources_.begin(), resources_.end(),
+                                  [](const auto& r) { return r->state_known(); })) {
+    ready_sent_ = true;
+    (void)sd_notify(0, "READY=1");
+    log(Priority::kInfo, "ready: the initial state of every resource is known");
+  }
+}
+
+// --- the protocol's decisions -------------------------------------------------------------------
+
+const ResourceConfig* Daemon::config_of(const std::string& name) const {
+  for (const auto& resource : config_.resources) {
+    if (resource.name == name) {
+      return &resource;
+    }
+  }
+  return nullptr;
+}
+
+fence::Resource* Daemon::find(const std::string& name) {
+  for (const auto& resource : resources_) {
+    if (resource->name() == name) {
+      return resource.get();
+    }
+  }
+  return nullptr;
+}
+
+void Daemon::on_gate(const fence::Resource& resource, bool open, pr::Time) {
+  if (open) {
+    if (auto written = gate_->open(resource.name(), *resource.key()); !written) {
+      log(Priority::kErr, "gate open but the token file failed: " + written.error().message(),
+          fields_of(resource));
+    }
+  } else {
+    gate_->close(resource.name());
+  }
+  log(Priority::kInfo, std::string("gate ") + (open ? "open" : "closed"), fields_of(resource));
+  broadcast(Event::kGate, resource);
+}
+
+void Daemon::on_event(const fence::Resource& resource, const fence::Event& event) {
+  const ResourceConfig* config = config_of(resource.name());
+  std::string_view id;
+  Priority priority = Priority::kInfo;
+  std::optional<Event> wire;
+  std::string message = resource.name() + ": " + std::string(fence::to_string(event.kind));
+  if (!event.detail.empty()) {
+    message += ": " + event.detail;
+  }
+  switch (event.kind) {
+    case fence::EventKind::kAcquired:
+      id = kMessageAcquired;
+      priority = Priority::kNotice;
+      wire = Event::kAcquired;
+      break;
+    case fence::EventKind::kReleased:
+      id = kMessageReleased;
+      priority = Priority::kNotice;
+      wire = Event::kReleased;
+      gate_->act(*config, event.key, Gate::Reason::kReleased);
+      break;
+    case fence::EventKind::kFenced:
+      id = kMessageFenced;
+      priority = Priority::kErr;
+      wire = Event::kFenced;
+      gate_->act(*config, event.key, Gate::Reason::kFenced);
+      break;
+    case fence::EventKind::kLostContact:
+      id = kMessageLostContact;
+      priority = Priority::kErr;
+      wire = Event::kLostContact;
+      gate_->act(*config, event.key, Gate::Reason::kLostContact);
+      break;
+    case fence::EventKind::kContactRestored: id = kMessageContactRestored; break;
+    case fence::EventKind::kUnfenced: id = kMessageUnfenced; break;
+    case fence::EventKind::kFencedNode: id = kMessageFencedNode; break;
+    case fence::EventKind::kOperationFailed: priority = Priority::kWarning; break;
+    case fence::EventKind::kStateKnown: break;
+  }
+  log(priority, message, fields_of(resource, id, event.device));
+  broadcast(wire.value_or(Event::kState), resource);
+  notify_status();
+}
+
+// --- control requests ---------------------------------------------------------------------------
+
+ResourceStatus Daemon::status_of(const fence::Resource& resource) const {
+  ResourceStatus status;
+  status.name = resource.name();
+  status.mode = std::string(fence::to_string(resource.options().mode));
+  status.state = std::string(fence::to_string(resource.state()));
+  status.gate_open = resource.gate_open();
+  if (const auto key = resource.key()) {
+    status.key = key->value();
+    status.epoch = key->epoch();
+  } else {
+    status.epoch = resource.epoch_high_water();
+  }
+  status.fenced_by = resource.fenced_by();
+  if (const auto read = resource.last_read_ok()) {
+    status.last_check_age_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now() - *read).count();
+  }
+  status.detail = resource.detail();
+  for (std::size_t i = 0; i < resource.lus().size(); ++i) {
+    const auto& view = resource.lus()[i];
+    LuStatus lu{.wwn = view.wwn,
+                .devices = {},
+                .holder = view.holder,
+                .keys = view.keys,
+                .error = view.error};
+    for (const auto& path : resource.options().lus[i].paths) {
+      lu.devices.push_back(pr::command_device(path));
+    }
+    status.lus.push_back(std::move(lu));
+  }
+  return status;
+}
+
+std::string Daemon::metrics_text() const {
+  std::string text;
+  const auto family = [&](const char* name, const char* type, const char* help) {
+    text += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  const auto sample = [&](const char* name, const fence::Resource& r, double value) {
+    char line[256];
+    (void)std::snprintf(line, sizeof line, "%s{resource=\"%s\"} %.9g\n", name, r.name().c_str(),
+                        value);
+    text += line;
+  };
+  const auto each = [&](const char* name, const char* type, const char* help, auto value) {
+    family(name, type, help);
+    for (const auto& r : resources_) {
+      sample(name, *r, value(*r));
+    }
+  };
+  const auto seconds = [](std::chrono::nanoseconds ns) {
+    return static_cast<double>(ns.count()) / 1e9;
+  };
+  each("blkfence_gate_open", "gauge", "1 while the writer gate is open.",
+       [](const fence::Resource& r) { return r.gate_open() ? 1.0 : 0.0; });
+  each("blkfence_epoch", "gauge", "Epoch of the key this node holds, else its high-water mark.",
+       [](const fence::Resource& r) {
+         return static_cast<double>(r.key() ? r.key()->epoch() : r.epoch_high_water());
+       });
+  each("blkfence_acquisitions_total", "counter", "Acquisitions that opened the gate.",
+       [](const fence::Resource& r) { return static_cast<double>(r.counters().acquisitions); });
+  each("blkfence_acquire_failures_total", "counter", "Acquisitions that failed.",
+       [](const fence::Resource& r) { return static_cast<double>(r.counters().acquire_failures); });
+  each("blkfence_fenced_total", "counter", "Times this node found its key preempted.",
+       [](const fence::Resource& r) { return static_cast<double>(r.counters().fenced); });
+  each("blkfence_lost_contact_total", "counter", "Times the lease ran out without a check.",
+       [](const fence::Resource& r) { return static_cast<double>(r.counters().lost_contact); });
+  each("blkfence_unit_attentions_total", "counter", "Unit attentions met by monitor reads.",
+       [](const fence::Resource& r) { return static_cast<double>(r.counters().unit_attentions); });
+  each("blkfence_check_failures_total", "counter", "Monitor rounds that could not read every LU.",
+       [](const fence::Resource& r) { return static_cast<double>(r.counters().check_failures); });
+  family("blkfence_check_latency_seconds", "summary", "Monitor round latency (all LUs at once).");
+  for (const auto& r : resources_) {
+    char line[512];
+    (void)std::snprintf(line, sizeof line,
+                        "blkfence_check_latency_seconds_sum{resource=\"%s\"} %.9g\n"
+                        "blkfence_check_latency_seconds_count{resource=\"%s\"} %" PRIu64 "\n",
+                        r->name().c_str(), seconds(r->counters().check_latency_sum),
+                        r->name().c_str(), r->counters().checks);
+    text += line;
+  }
+  each("blkfence_check_latency_seconds_max", "gauge", "Slowest monitor round so far.",
+       [&](const fence::Resource& r) { return seconds(r.counters().check_latency_max); });
+  each("blkfence_check_latency_seconds_last", "gauge", "Latest monitor round.",
+       [&](const fence::Resource& r) { return seconds(r.counters().check_latency_last); });
+  return text;
+}
+
+void Daemon::broadcast(Event event, const fence::Resource& resource) {
+  if (watchers_.empty()) {
+    return;
+  }
+  const std::string line = encode_event(event, status_of(resource));
+  // send() may drop a client (and erase it from watchers_ via on_disconnect): copy the ids.
+  std::vector<ClientId> ids;
+  for (const auto& [client, name] : watchers_) {
+    if (name.empty() || name == resource.name()) {
+      ids.push_back(client);
+    }
+  }
+  for (const ClientId client : ids) {
+    control_->send(client, line);
+  }
+}
+
+bool Daemon::allowed(const Peer& peer) const {
+  if (peer.uid == 0) {
+    return true;
+  }
+  if (config_.control_group.empty()) {
+    return false;
+  }
+  const group* entry = ::getgrnam(config_.control_group.c_str());
+  if (entry == nullptr) {
+    return false;
+  }
+  return peer.gid == entry->gr_gid ||
+         std::find(peer.groups.begin(), peer.groups.end(), entry->gr_gid) != peer.groups.end();
+}
+
+void Daemon::reply_error(ClientId client, std::optional<std::uint64_t> id, ReplyError code,
+                         std::string message) {
+  control_->send(
+      client, encode_error(ProtocolError{.id = id, .code = code, .message = std::move(message)}));
+}
+
+void Daemon::on_line(ClientId client, const Peer& peer, std::string_view line, bool too_large) {
+  if (too_large) {
+    reply_error(client, std::nullopt, ReplyError::kTooLarge,
+                "request longer than " + std::to_string(ControlServer::kMaxLineSize) + " bytes");
+    control_->close_after_send(client);
+    return;
+  }
+  auto request = parse_request(line);
+  if (!request) {
+    control_->send(client, encode_error(request.error()));
+    return;
+  }
+  handle(client, peer, *request);
+}
+
+void Daemon::on_disconnect(ClientId client) {
+  watchers_.erase(client);
+}
+
+void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
+  if (changes_state(request.op) && !allowed(peer)) {
+    reply_error(
+        client, request.id, ReplyError::kPermissionDenied,
+        std::string(to_string(request.op)) + " needs root" +
+            (config_.control_group.empty() ? std::string()
+                                           : " or membership of group " + config_.control_group) +
+            " (uid " + std::to_string(peer.uid) + ")");
+    return;
+  }
+  fence::Resource* resource = nullptr;
+  if (!request.resource.empty()) {
+    resource = find(request.resource);
+    if (resource == nullptr) {
+      std::string names;
+      for (const auto& r : resources_) {
+        names += (names.empty() ? "" : ", ") + r->name();
+      }
+      reply_error(client, request.id, ReplyError::kUnknownResource,
+                  "no resource named \"" + request.resource + "\" (configured: " + names + ")");
+      return;
+    }
+  }
+  const auto statuses = [&] {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& r : resources_) {
+      if (resource == nullptr || resource == r.get()) {
+        list.push_back(to_json(status_of(*r)));
+      }
+    }
+    return list;
+  };
+  switch (request.op) {
+    case Op::kStatus:
+      control_->send(client, encode_ok(request.id, {{"resources", statuses()},
+                                                    {"cluster", config_.cluster},
+                                                    {"node", config_.node_id}}));
+      return;
+    case Op::kWatch:
+      watchers_[client] = request.resource;
+      control_->send(client, encode_ok(request.id, {{"resources", statuses()}}));
+      return;
+    case Op::kGate:
+      control_->send(
+          client,
+          encode_ok(request.id, {{"open", resource->gate_open()},
+                                 {"token", resource->gate_open() && resource->key()
+                                               ? nlohmann::json(resource->key()->to_string())
+                                               : nlohmann::json(nullptr)},
+                                 {"epoch", resource->key() ? resource->key()->epoch() : 0U}}));
+      return;
+    case Op::kMetrics:
+      control_->send(client, encode_ok(request.id, {{"text", metrics_text()}}));
+      return;
+    case Op::kKeys: read_keys(client, request, *resource); return;
+    case Op::kAcquire:
+    case Op::kRelease:
+    case Op::kUnfence:
+    case Op::kFence: run_operation(client, request, *resource); return;
+  }
+}
+
+// A control request waiting for an operation: answered once, by the operation or its timeout.
+struct Daemon::Pending {
+  Daemon* daemon = nullptr;
+  ClientId client = 0;
+  std::uint64_t id = 0;
+  std::string resource;
+  bool answered = false;
+  sd_event_source* timer = nullptr;
+  ~Pending() { sd_event_source_disable_unref(timer); }
+};
+
+void Daemon::run_operation(ClientId client, const Request& request, fence::Resource& resource) {
+  auto pending = std::make_shared<Pending>();
+  pending->daemon = this;
+  pending->client = client;
+  pending->id = request.id;
+  pending->resource = resource.name();
+  if (request.timeout) {
+    std::uint64_t now_usec = 0;
+    (void)sd_event_now(event_, CLOCK_MONOTONIC, &now_usec);
+    const auto usec = std::chrono::duration_cast<std::chrono::microseconds>(*request.timeout);
+    // The timer holds a reference to pending until it fires or the operation answers.
+    auto* holder = new std::shared_ptr<Pending>(pending);
+    const int r = sd_event_add_time(
+        event_, &pending->timer, CLOCK_MONOTONIC,
+        now_usec + static_cast<std::uint64_t>(usec.count()), 0,
+        [](sd_event_source*, std::uint64_t, void* userdata) -> int {
+          auto* p = static_cast<std::shared_ptr<Pending>*>(userdata);
+          Pending& waiting = **p;
+          if (!waiting.answered) {
+            waiting.answered = true;
+            waiting.daemon->reply_error(
+                waiting.client, waiting.id, ReplyError::kTimeout,
+                "timed out; the operation goes on in the daemon: see 'blkfencectl status " +
+                    waiting.resource + "'");
+          }
+          return 0;
+        },
+        holder);
+    if (r < 0) {
+      delete holder;
+    } else {
+      (void)sd_event_source_set_destroy_callback(pending->timer, [](void* userdata) {
+        delete static_cast<std::shared_ptr<Pending>*>(userdata);
+      });
+    }
+  }
+  const pr::Time started = now();
+  const auto done = [this, pending, started](Result<fence::Key> result, pr::Time finished) {
+    if (pending->answered) {
+      return;
+    }
+    pending->answered = true;
+    sd_event_source_disable_unref(pending->timer);
+    pending->timer = nullptr;
+    fence::Resource* r = find(pending->resource);
+    if (!result) {
+      reply_error(pending->client, pending->id, reply_error_for(result.error()),
+                  result.error().message());
+      return;
+    }
+    control_->send(
+        pending->client,
+        encode_ok(pending->id,
+                  {{"key", result->to_string()},
+                   {"epoch", result->epoch()},
+                   {"elapsed_ms", static_cast<double>((finished - started).count()) / 1e6},
+                   {"status", to_json(status_of(*r))}}));
+  };
+  const pr::Time t = now();
+  switch (request.op) {
+    case Op::kAcquire: resource.acquire(t, done); break;
+    case Op::kRelease: resource.release(t, done); break;
+    case Op::kUnfence: resource.unfence(t, done); break;
+    case Op::kFence: resource.fence_node(*request.node, t, done); break;
+    default: BLKFENCE_ASSERT(false);
+  }
+}
+
+void Daemon::read_keys(ClientId client, const Request& request, fence::Resource& resource) {
+  std::vector<pr::Request> requests;
+  for (const auto& lu : resource.options().lus) {
+    requests.push_back(pr::read_keys_request(lu));
+    requests.push_back(pr::read_reservation_request(lu));
+  }
+  const std::string name = resource.name();
+  const std::uint64_t id = request.id;
+  engine_->start(std::move(requests), now(),
+                 [this, client, id, name](std::vector<pr::Response> responses, pr::Time) {
+                   fence::Resource* r = find(name);
+                   ResourceStatus status = status_of(*r);
+                   for (std::size_t i = 0; i < status.lus.size(); ++i) {
+                     LuStatus& lu = status.lus[i];
+                     lu.keys.clear();
+                     lu.holder.reset();
+                     lu.error.clear();
+                     auto& keys = responses[2 * i].data;
+                     auto& reservation = responses[2 * i + 1].data;
+                     if (!keys || !reservation) {
+                       lu.error = (!keys ? keys.error() : reservation.error()).message();
+                       continue;
+                     }
+                     if (auto decoded = codec::decode_read_keys(*keys)) {
+                       lu.keys = decoded->keys;
+                     }
+                     if (auto decoded = codec::decode_read_reservation(*reservation);
+                         decoded && decoded->reservation) {
+                       lu.holder = decoded->reservation->key;
+                     }
+                   }
+                   control_->send(client, encode_ok(id, {{"status", to_json(status)}}));
+                 });
+}
+
+}  // namespace blkfence::daemon

@@ -1,0 +1,99 @@
+// blkfenced's core: the resources of this node, their gates, the control socket and systemd
+// integration, on one sd-event loop (daemon layer).
+//
+// One thread. The transport's completions wake the loop through its poll fd; one timer is re-armed
+// after every dispatch to the earliest of what the engine (retry back-offs) and the resources
+// (monitor rounds, lease expiry) asked for. The protocol itself is fence::Resource; this class
+// turns its decisions into effects (token files, on_fenced actions, journal records, sd_notify,
+// replies and watch events) and turns control requests into its operations.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "blkfence/fence/epoch_store.h"
+#include "blkfence/fence/resource.h"
+#include "blkfence/pr/engine.h"
+#include "blkfence/transport/transport.h"
+
+#include "config.h"
+#include "control_protocol.h"
+#include "control_server.h"
+#include "gate.h"
+
+struct sd_event;
+struct sd_event_source;
+struct signalfd_siginfo;
+
+namespace blkfence::daemon {
+
+class Daemon final : public fence::Observer, public ControlHandler {
+ public:
+  // Resolves every resource's devices, opens the transport, binds the control socket. Nothing is
+  // sent to a device until run().
+  [[nodiscard]] static Result<std::unique_ptr<Daemon>> make(Config config);
+  ~Daemon() override;
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Runs until SIGTERM or SIGINT; returns the exit status.
+  int run();
+
+  // fence::Observer
+  void on_gate(const fence::Resource& resource, bool open, pr::Time verified_since) override;
+  void on_event(const fence::Resource& resource, const fence::Event& event) override;
+  // ControlHandler
+  void on_line(ClientId client, const Peer& peer, std::string_view line, bool too_large) override;
+  void on_disconnect(ClientId client) override;
+
+ private:
+  struct Pending;
+  Daemon() = default;
+
+  static int on_transport(sd_event_source* source, int fd, std::uint32_t revents, void* self);
+  static int on_timer(sd_event_source* source, std::uint64_t usec, void* self);
+  static int on_post(sd_event_source* source, void* self);
+  static int on_signal(sd_event_source* source, const ::signalfd_siginfo* info, void* self);
+
+  pr::Time now() const;
+  void tick();
+  void schedule();
+  void notify_status();
+  void feed_watchdog();
+
+  bool allowed(const Peer& peer) const;
+  fence::Resource* find(const std::string& name);
+  const ResourceConfig* config_of(const std::string& name) const;
+  ResourceStatus status_of(const fence::Resource& resource) const;
+  std::string metrics_text() const;
+  void reply_error(ClientId client, std::optional<std::uint64_t> id, ReplyError code,
+                   std::string message);
+  void handle(ClientId client, const Peer& peer, const Request& request);
+  void run_operation(ClientId client, const Request& request, fence::Resource& resource);
+  void read_keys(ClientId client, const Request& request, fence::Resource& resource);
+  void broadcast(Event event, const fence::Resource& resource);
+
+  Config config_;
+  sd_event* event_ = nullptr;
+  sd_event_source* transport_source_ = nullptr;
+  sd_event_source* timer_source_ = nullptr;
+  sd_event_source* post_source_ = nullptr;
+  std::vector<sd_event_source*> signal_sources_;
+  std::unique_ptr<transport::Transport> transport_;
+  std::unique_ptr<pr::Engine> engine_;
+  std::unique_ptr<fence::EpochStore> epochs_;
+  std::unique_ptr<Gate> gate_;
+  std::vector<std::unique_ptr<fence::Resource>> resources_;
+  std::unique_ptr<ControlServer> control_;
+  std::map<ClientId, std::string> watchers_;  // client -> resource ("" for all)
+  bool ready_sent_ = false;
+  std::uint64_t watchdog_usec_ = 0;
+  pr::Time last_watchdog_{0};
+  pr::Time started_{0};
+};
+
+}  // namespace blkfence::daemon

@@ -1,0 +1,50 @@
+// The writer gate's effects on this node: token files and on_fenced actions (daemon layer).
+//
+// DESIGN.md §5: /run/blkfence/RESOURCE.token exists exactly while the gate is open and holds the
+// token (the key, "0x" and 16 hex digits, and a newline); it is written to a temporary file and
+// renamed, so a reader never sees half a token. When the gate closes because the node was fenced
+// or lost contact, the resource's on_fenced action runs: stop or kill its systemd units through
+// sd-bus (asynchronously, on the event loop), run a command (BLKFENCE_RESOURCE, BLKFENCE_KEY,
+// BLKFENCE_EPOCH and BLKFENCE_REASON in its environment), or reboot (opt-in). An explicit release
+// stops the units too: the writer goes before the reservation does. One thread.
+#pragma once
+
+#include <string>
+
+#include "blkfence/error.h"
+#include "blkfence/key.h"
+
+#include "config.h"
+
+struct sd_event;
+struct sd_bus;
+
+namespace blkfence::daemon {
+
+class Gate {
+ public:
+  Gate(sd_event* event, std::string run_dir) : event_(event), run_dir_(std::move(run_dir)) {}
+  ~Gate();
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+
+  std::string token_path(const std::string& resource) const;
+  [[nodiscard]] Result<void> open(const std::string& resource, fence::Key key);
+  void close(const std::string& resource);
+
+  enum class Reason : std::uint8_t { kFenced, kLostContact, kReleased };
+  // Runs what the resource's configuration says for reason; errors are logged, never fatal.
+  void act(const ResourceConfig& config, std::optional<fence::Key> key, Reason reason);
+
+ private:
+  void call_units(const ResourceConfig& config, bool kill);
+  void reboot(const ResourceConfig& config);
+  void run_command(const ResourceConfig& config, std::optional<fence::Key> key, Reason reason);
+  sd_bus* bus();
+
+  sd_event* event_;
+  std::string run_dir_;
+  sd_bus* bus_ = nullptr;
+};
+
+}  // namespace blkfence::daemon

@@ -1,0 +1,42 @@
+// blkfenced's one logging boundary: structured journal records (daemon layer).
+//
+// DESIGN.md §6: every record about a resource carries BLKFENCE_RESOURCE, and where they apply
+// BLKFENCE_KEY, BLKFENCE_EPOCH and BLKFENCE_DEVICE; the protocol's events carry a MESSAGE_ID so
+// that `journalctl MESSAGE_ID=...` finds every fence of a cluster. Under systemd (JOURNAL_STREAM
+// set, or --journal) records go to the journal with their fields; otherwise (a shell, the lab VM)
+// one line to stderr with the fields appended. Not thread-safe: the daemon has one thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace blkfence::daemon {
+
+enum class Priority : std::uint8_t { kErr = 3, kWarning = 4, kNotice = 5, kInfo = 6, kDebug = 7 };
+
+// MESSAGE_IDs, generated once with `systemd-id128 new`; documented in docs/operations.md.
+inline constexpr std::string_view kMessageAcquired = "5c0a3b5e4f8d4e5b9a1e6c2d7f0b9a11";
+inline constexpr std::string_view kMessageReleased = "5c0a3b5e4f8d4e5b9a1e6c2d7f0b9a12";
+inline constexpr std::string_view kMessageFenced = "5c0a3b5e4f8d4e5b9a1e6c2d7f0b9a13";
+inline constexpr std::string_view kMessageLostContact = "5c0a3b5e4f8d4e5b9a1e6c2d7f0b9a14";
+inline constexpr std::string_view kMessageContactRestored = "5c0a3b5e4f8d4e5b9a1e6c2d7f0b9a15";
+inline constexpr std::string_view kMessageUnfenced = "5c0a3b5e4f8d4e5b9a1e6c2d7f0b9a16";
+inline constexpr std::string_view kMessageFencedNode = "5c0a3b5e4f8d4e5b9a1e6c2d7f0b9a17";
+
+struct LogFields {
+  std::string resource;
+  std::optional<std::uint64_t> key;
+  std::optional<std::uint32_t> epoch;
+  std::string device;
+  std::string_view message_id;
+};
+
+enum class LogTarget : std::uint8_t { kAuto, kJournal, kStderr };
+void set_log_target(LogTarget target);
+void set_log_debug(bool debug);
+
+void log(Priority priority, const std::string& message, const LogFields& fields = {});
+
+}  // namespace blkfence::daemon
