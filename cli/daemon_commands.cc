@@ -314,7 +314,7 @@ int watch_command(const DaemonOptions& options) {
     if (auto status = status_from(event->body["status"])) {
       std::printf("%s: ", event->body.value("event", std::string("?")).c_str());
       print_status(*status, false);
-      std::fflush(stdout);
+      (void)std::fflush(stdout);
     }
   }
 }
@@ -386,7 +386,7 @@ int gate_check_command(const DaemonOptions& options) {
     std::printf("%s: open, token %s\n", options.resource.c_str(),
                 reply->body.value("token", std::string()).c_str());
   } else {
-    std::fprintf(stderr, "%s: closed\n", options.resource.c_str());
+    (void)std::fprintf(stderr, "%s: closed\n", options.resource.c_str());
   }
   return open ? 0 : code(DaemonExit::kClosed);
 }
@@ -440,12 +440,13 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
     ::setenv("BLKFENCE_EPOCH", std::to_string(opened->epoch).c_str(), 1);
     ::setenv("BLKFENCE_RESOURCE", options.resource.c_str(), 1);
     std::vector<char*> args;
+    args.reserve(argv.size() + 1);
     for (const auto& a : argv) {
       args.push_back(const_cast<char*>(a.c_str()));
     }
     args.push_back(nullptr);
     ::execvp(args[0], args.data());
-    std::fprintf(stderr, "blkfencectl: cannot run %s: %s\n", args[0], std::strerror(errno));
+    (void)std::fprintf(stderr, "blkfencectl: cannot run %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);
   }
   ::setpgid(child, child);  // both sides, so it holds whichever runs first
@@ -454,8 +455,8 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
   const int sigfd = ::signalfd(-1, &signals, SFD_CLOEXEC);
   const auto kill_group = [&](const char* why) {
     ::kill(-child, SIGKILL);
-    std::fprintf(stderr, "blkfencectl run: %s: killed the command (process group %d)\n", why,
-                 child);
+    (void)std::fprintf(stderr, "blkfencectl run: %s: killed the command (process group %d)\n", why,
+                       child);
   };
   int result = -1;
   while (result < 0) {

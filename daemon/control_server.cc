@@ -198,7 +198,7 @@ void ControlServer::read_from(Client& client) {
   }
 }
 
-void ControlServer::send(ClientId id, std::string line) {
+void ControlServer::send(ClientId id, const std::string& line) {
   const auto found = clients_.find(id);
   if (found == clients_.end()) {
     return;

@@ -61,7 +61,7 @@ class ControlServer {
   ControlServer& operator=(const ControlServer&) = delete;
 
   // Queues a line (with its '\n') for a client; a client gone or over kMaxQueued is closed.
-  void send(ClientId client, std::string line);
+  void send(ClientId client, const std::string& line);
   // Closes after what is queued has been written (or at once when the peer is gone).
   void close_after_send(ClientId client);
   std::size_t client_count() const { return clients_.size(); }

@@ -569,23 +569,37 @@ void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
       watchers_[client] = request.resource;
       control_->send(client, encode_ok(request.id, {{"resources", statuses()}}));
       return;
-    case Op::kGate:
-      control_->send(
-          client,
-          encode_ok(request.id, {{"open", resource->gate_open()},
-                                 {"token", resource->gate_open() && resource->key()
-                                               ? nlohmann::json(resource->key()->to_string())
-                                               : nlohmann::json(nullptr)},
-                                 {"epoch", resource->key() ? resource->key()->epoch() : 0U}}));
-      return;
     case Op::kMetrics:
       control_->send(client, encode_ok(request.id, {{"text", metrics_text()}}));
       return;
-    case Op::kKeys: read_keys(client, request, *resource); return;
+    default: break;
+  }
+  if (resource == nullptr) {  // parse_request() refuses these without one; defence in depth
+    reply_error(client, request.id, ReplyError::kBadRequest,
+                std::string(to_string(request.op)) + " needs a resource");
+    return;
+  }
+  handle_resource(client, request, *resource);
+}
+
+void Daemon::handle_resource(ClientId client, const Request& request, fence::Resource& resource) {
+  switch (request.op) {
+    case Op::kGate: {
+      const auto key = resource.key();
+      const bool open = resource.gate_open();
+      control_->send(client,
+                     encode_ok(request.id, {{"open", open},
+                                            {"token", open && key ? nlohmann::json(key->to_string())
+                                                                  : nlohmann::json(nullptr)},
+                                            {"epoch", key ? key->epoch() : 0U}}));
+      return;
+    }
+    case Op::kKeys: read_keys(client, request, resource); return;
     case Op::kAcquire:
     case Op::kRelease:
     case Op::kUnfence:
-    case Op::kFence: run_operation(client, request, *resource); return;
+    case Op::kFence: run_operation(client, request, resource); return;
+    default: BLKFENCE_ASSERT(false);
   }
 }
 
@@ -674,7 +688,7 @@ void Daemon::read_keys(ClientId client, const Request& request, fence::Resource&
     requests.push_back(pr::read_keys_request(lu));
     requests.push_back(pr::read_reservation_request(lu));
   }
-  const std::string name = resource.name();
+  const std::string& name = resource.name();
   const std::uint64_t id = request.id;
   engine_->start(std::move(requests), now(),
                  [this, client, id, name](std::vector<pr::Response> responses, pr::Time) {

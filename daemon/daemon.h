@@ -73,6 +73,7 @@ class Daemon final : public fence::Observer, public ControlHandler {
   void reply_error(ClientId client, std::optional<std::uint64_t> id, ReplyError code,
                    std::string message);
   void handle(ClientId client, const Peer& peer, const Request& request);
+  void handle_resource(ClientId client, const Request& request, fence::Resource& resource);
   void run_operation(ClientId client, const Request& request, fence::Resource& resource);
   void read_keys(ClientId client, const Request& request, fence::Resource& resource);
   void broadcast(Event event, const fence::Resource& resource);

@@ -186,6 +186,7 @@ void Gate::run_command(const ResourceConfig& config, std::optional<fence::Key> k
   env.push_back(nullptr);
   std::vector<std::string> args = config.on_fenced.command;
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (auto& a : args) {
     argv.push_back(a.data());
   }

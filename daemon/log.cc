@@ -91,8 +91,8 @@ void log(Priority priority, const std::string& message, const LogFields& fields)
   // EPOCHREALTIME), so that lab checks can time events against their own actions.
   timespec now{};
   (void)clock_gettime(CLOCK_REALTIME, &now);
-  std::fprintf(stderr, "<%d>[%lld.%06ld] %s\n", static_cast<int>(priority),
-               static_cast<long long>(now.tv_sec), now.tv_nsec / 1000, line.c_str());
+  (void)std::fprintf(stderr, "<%d>[%lld.%06ld] %s\n", static_cast<int>(priority),
+                     static_cast<long long>(now.tv_sec), now.tv_nsec / 1000, line.c_str());
 }
 
 }  // namespace blkfence::daemon

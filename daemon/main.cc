@@ -17,9 +17,7 @@ namespace {
 
 constexpr int kExitConfig = 78;  // sysexits.h EX_CONFIG
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   using namespace blkfence::daemon;
   CLI::App app{
       "blkfenced: gates this node's writers on holding a SCSI-3 persistent reservation.\n\n"
@@ -57,11 +55,16 @@ int main(int argc, char** argv) {
 
   auto config = load_config(config_path);
   if (!config) {
-    std::fprintf(stderr, "blkfenced: %s\n", config.error().message().c_str());
+    // A configuration error's text names the file, line and key; an OS error needs its errno.
+    const auto& error = config.error();
+    (void)std::fprintf(
+        stderr, "blkfenced: %s\n",
+        (error.code() == blkfence::ErrorCode::kInvalidArgument ? error.where() : error.message())
+            .c_str());
     return kExitConfig;
   }
   if (check_only) {
-    std::fputs(format_config(*config).c_str(), stdout);
+    (void)std::fputs(format_config(*config).c_str(), stdout);
     return 0;
   }
   // sd-event takes these through signalfd; the transport's threads inherit the mask.
@@ -71,7 +74,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGCHLD);
   sigprocmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  (void)std::signal(SIGPIPE, SIG_IGN);
 
   auto daemon = Daemon::make(std::move(*config));
   if (!daemon) {
@@ -79,4 +82,17 @@ int main(int argc, char** argv) {
     return daemon.error().code() == blkfence::ErrorCode::kInvalidArgument ? kExitConfig : 1;
   }
   return (*daemon)->run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // CLI11 reports bad arguments by exception (handled by CLI11_PARSE); anything else that escapes,
+  // such as std::bad_alloc, ends here with a message instead of std::terminate.
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    (void)std::fprintf(stderr, "blkfenced: %s\n", error.what());
+    return 1;
+  }
 }

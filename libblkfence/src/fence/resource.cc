@@ -401,8 +401,14 @@ void Resource::acquire(Time now, Done done) {
       return;
     }
     std::uint32_t epoch = high_water_;
-    for (const auto& lu : reads.lus) {
-      for (const std::uint64_t k : lu.keys->keys) {
+    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+      std::vector<std::uint64_t> seen = reads.lus[i].keys->keys;
+      // READ KEYS and READ RESERVATION are two commands: a racer may have registered and taken
+      // the LU between them, so its key can be in the reservation only (S3).
+      if (const auto holder = reads.holder(i)) {
+        seen.push_back(*holder);
+      }
+      for (const std::uint64_t k : seen) {
         if ((k >> 48U) == options_.cluster_id) {
           epoch = std::max(epoch, static_cast<std::uint32_t>(k));
         }
@@ -452,7 +458,8 @@ void Resource::acquire_register(Key key, Reads reads, Time now) {
     }
   }
   run(std::move(requests), now,
-      [this, key, reads = std::move(reads)](std::vector<pr::Response> responses, Time at) mutable {
+      [this, key, reads = std::move(reads)](const std::vector<pr::Response>& responses,
+                                            Time at) mutable {
         if (const std::string error = first_error(responses); !error.empty()) {
           acquire_failed(key, "register: " + error, at);
           return;
@@ -488,10 +495,16 @@ void Resource::acquire_take(Key key, Reads reads, int round, Time now) {
     }
   }
   run(std::move(requests), now,
-      [this, key, round, reads = std::move(reads)](std::vector<pr::Response> responses, Time at) {
+      [this, key, round, reads = std::move(reads)](const std::vector<pr::Response>& responses,
+                                                   Time at) {
         if (const std::string error = first_error(responses); !error.empty()) {
-          // Someone moved first, or the answer is unknown (S4): read again before deciding.
-          acquire_failed(key, "take: " + error, at);
+          // Someone moved first, or the answer is unknown (S4): the verify reads again and decides
+          // whether a racer outranks us (we lost) or not (take those LUs back).
+          if (round + 1 >= options_.verify_rounds_max) {
+            acquire_failed(key, "take: " + error, at);
+            return;
+          }
+          acquire_verify(key, round + 1, at);
           return;
         }
         acquire_preempt_others(key, reads, round, at);
@@ -516,8 +529,9 @@ void Resource::acquire_preempt_others(Key key, const Reads& reads, int round, Ti
   }
   set_state(State::kAcquiring, "removing other registrations");
   // A conflict here means the key went away meanwhile; the verify read decides (S4).
-  run(std::move(requests), now,
-      [this, key, round](std::vector<pr::Response>, Time at) { acquire_verify(key, round, at); });
+  run(std::move(requests), now, [this, key, round](const std::vector<pr::Response>&, Time at) {
+    acquire_verify(key, round, at);
+  });
 }
 
 void Resource::acquire_verify(Key key, int round, Time now) {
@@ -589,14 +603,16 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
       const auto holder = reads.holder(i);
       if (holder && *holder != key.value()) {
         winner = holder;
-        if (reads.registered(i, key.value())) {
-          // Lost on this LU: our registration would let this node write under the winner's
-          // reservation, so take it back.
-          for (auto& request :
-               pr::prout_every_path(options_.lus[i], codec::prout_register(key.value(), 0),
-                                    "REGISTER (unregister)")) {
-            cleanup.push_back(std::move(request));
-          }
+      }
+      // Lost on this LU (or cannot tell: its reservation could not be read), and our key is
+      // registered there (or its keys could not be read, and a REGISTER of ours may have
+      // executed, S4): our registration would let this node write under the winner's
+      // reservation, so take it back. Unregistering a key that is not there only conflicts.
+      const bool lost = (holder && *holder != key.value()) || !reads.lus[i].reservation;
+      if (lost && (!reads.lus[i].keys || reads.registered(i, key.value()))) {
+        for (auto& request : pr::prout_every_path(
+                 options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+          cleanup.push_back(std::move(request));
         }
       }
     }
@@ -617,7 +633,7 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
       return;
     }
     run(std::move(cleanup), at,
-        [finish](std::vector<pr::Response>, Time done_at) { finish(done_at); });
+        [finish](const std::vector<pr::Response>&, Time done_at) { finish(done_at); });
   });
 }
 
@@ -645,7 +661,7 @@ void Resource::release(Time now, Done done) {
     releases.push_back(
         pr::prout_first_path(lu, codec::prout_release(key.value(), options_.type), "RELEASE"));
   }
-  run(std::move(releases), now, [this, key](std::vector<pr::Response>, Time at) {
+  run(std::move(releases), now, [this, key](const std::vector<pr::Response>&, Time at) {
     std::vector<pr::Request> unregisters;
     for (const auto& lu : options_.lus) {
       for (auto& request : pr::prout_every_path(lu, codec::prout_register(key.value(), 0),
@@ -653,7 +669,7 @@ void Resource::release(Time now, Done done) {
         unregisters.push_back(std::move(request));
       }
     }
-    run(std::move(unregisters), at, [this, key](std::vector<pr::Response>, Time done_at) {
+    run(std::move(unregisters), at, [this, key](const std::vector<pr::Response>&, Time done_at) {
       // RESERVATION CONFLICT means the key was already gone; read back to report the truth.
       read_all(true, done_at, [this, key](Reads reads, Time read_at) {
         std::string left;
@@ -710,7 +726,7 @@ void Resource::unfence(Time now, Done done) {
       requests.push_back(std::move(request));
     }
   }
-  run(std::move(requests), now, [this, key](std::vector<pr::Response> responses, Time at) {
+  run(std::move(requests), now, [this, key](const std::vector<pr::Response>& responses, Time at) {
     if (const std::string error = first_error(responses); !error.empty()) {
       set_state(State::kReleased, "unfence failed: " + error);
       end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error), at);
@@ -735,8 +751,9 @@ void Resource::unfence_reserve(Key key, Time now) {
       return;
     }
     // A conflict means another member reserved first, which is as good.
-    run(std::move(reserves), at,
-        [this, key](std::vector<pr::Response>, Time done_at) { unfence_verify(key, done_at); });
+    run(std::move(reserves), at, [this, key](const std::vector<pr::Response>&, Time done_at) {
+      unfence_verify(key, done_at);
+    });
   });
 }
 
@@ -788,18 +805,18 @@ void Resource::fence_node(std::uint16_t node_id, Time now, Done done) {
     return;
   }
   begin(Op::kFence, std::move(done));
-  read_all(true, now, [this, node_id](Reads reads, Time at) {
+  read_all(true, now, [this, node_id](const Reads& reads, Time at) {
     if (!reads.ok()) {
       end(fail(ErrorCode::kIndeterminate, "fence of node " + std::to_string(node_id) +
                                               ": cannot read " + reads.errors(options_.lus)),
           at);
       return;
     }
-    fence_preempt(node_id, std::move(reads), at);
+    fence_preempt(node_id, reads, at);
   });
 }
 
-void Resource::fence_preempt(std::uint16_t victim, Reads reads, Time now) {
+void Resource::fence_preempt(std::uint16_t victim, const Reads& reads, Time now) {
   const Key key = *key_;
   const auto victims_of = [&](const Reads& r, std::size_t i) {
     std::vector<std::uint64_t> found;
@@ -825,7 +842,7 @@ void Resource::fence_preempt(std::uint16_t victim, Reads reads, Time now) {
     return;
   }
   run(std::move(requests), now,
-      [this, key, victim, victim_key, victims_of](std::vector<pr::Response>, Time at) {
+      [this, key, victim, victim_key, victims_of](const std::vector<pr::Response>&, Time at) {
         read_all(true, at, [this, key, victim, victim_key, victims_of](Reads check, Time done_at) {
           for (std::size_t i = 0; i < check.lus.size(); ++i) {
             if (!check.lus[i].error.empty() || !victims_of(check, i).empty()) {
@@ -968,13 +985,13 @@ void Resource::check_done(Reads reads, Time started, Time now) {
     }
     last_success_ = started;
     if (!reserves.empty()) {
-      run(std::move(reserves), now, [](std::vector<pr::Response>, Time) {});
+      run(std::move(reserves), now, [](const std::vector<pr::Response>&, Time) {});
     }
   }
 }
 
-void Resource::fenced(std::optional<std::uint64_t> by, const std::string& lu, std::string why,
-                      Time now) {
+void Resource::fenced(std::optional<std::uint64_t> by, const std::string& lu,
+                      const std::string& why, Time now) {
   ++counters_.fenced;
   fenced_by_ = by;
   set_gate(false, now);
@@ -991,7 +1008,7 @@ void Resource::fenced(std::optional<std::uint64_t> by, const std::string& lu, st
       requests.push_back(std::move(request));
     }
   }
-  run(std::move(requests), now, [this](std::vector<pr::Response>, Time at) {
+  run(std::move(requests), now, [this](const std::vector<pr::Response>&, Time at) {
     set_state(State::kHeld, "re-registered after a fence (mutant)");
     last_success_ = at;
     set_gate(true, at);

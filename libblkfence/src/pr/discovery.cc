@@ -142,8 +142,9 @@ Result<std::vector<ResolvedPath>> resolve_wwn(const std::string& wwn, const Disc
   }
   if (paths.empty()) {
     return fail(ErrorCode::kInvalidArgument,
-                wwn + ": no SCSI device of this host has this WWN (is the target logged in? see "
-                      "'lsscsi -i' or /dev/disk/by-id/wwn-*)");
+                wwn +
+                    ": no SCSI device of this host has this WWN (is the target logged in? see "
+                    "'lsscsi -i' or /dev/disk/by-id/wwn-*)");
   }
   return paths;
 }

@@ -139,7 +139,8 @@ void Engine::on_completion(transport::Completion completion, Time now) {
   if (tag == tags_.end()) {
     return;  // an abandoned request's
   }
-  const auto [batch_id, index] = tag->second;
+  const std::uint64_t batch_id = tag->second.first;
+  const std::size_t index = tag->second.second;
   tags_.erase(tag);
   const auto found = batches_.find(batch_id);
   if (found == batches_.end()) {

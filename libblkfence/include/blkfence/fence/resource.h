@@ -185,10 +185,11 @@ class Resource {
   void acquire_succeeded(Key key, Time verified_since, Time now);
   void acquire_failed(Key key, std::string why, Time now);
   codec::PrOutCommand take_command(Key key, std::uint64_t victim) const;
-  void fenced(std::optional<std::uint64_t> by, const std::string& lu, std::string why, Time now);
+  void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
+              Time now);
   void unfence_reserve(Key key, Time now);
   void unfence_verify(Key key, Time now);
-  void fence_preempt(std::uint16_t victim, Reads reads, Time now);
+  void fence_preempt(std::uint16_t victim, const Reads& reads, Time now);
 
   void check(Time now);
   void check_done(Reads reads, Time started, Time now);
