@@ -1,74 +1,88 @@
 #!/bin/bash
-# The failover story, told as a timeline on a real LIO LU: node A holds the reservation and writes
-# records stamped with its epoch; A freezes (SIGSTOP, as in a long GC pause or a VM migration); node
-# B preempts A's key; A wakes up still believing it is the writer, and the target refuses its next
-# write. Ends with the records on the LU: none of A's was written after B's preempt.
-#
-# Until blkfenced exists this drives each step with sg_persist and dd; the keys follow DESIGN.md §2
-# (cluster 0x6c9d | node | epoch).
+# The failover story with the real daemons, told as a timeline on a real LIO LU: blkfenced runs on
+# node A and on node B, each through its own I_T nexus. A acquires the resource and a writer under
+# `blkfencectl run` writes records stamped with A's epoch; A freezes (SIGSTOP of its daemon and its
+# writer, as in a long GC pause or a VM migration); B acquires (its daemon preempts A's key with a
+# higher epoch); A's writer wakes up still believing it is the writer and the target refuses its
+# next write; A's daemon wakes up, sees the fence, closes the gate and kills the writer. Ends with
+# the records on the LU: none of A's was written after B's acquisition (S1).
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
+. "$BLKFENCE_LAB_REPO/tests/lab/daemon/lib.sh"
 a=$(lab_dev A 0) && b=$(lab_dev B 0) || { echo "LU 0 is not in the map"; exit 1; }
-key_a=0x6c9d000100000001  # node 1, epoch 1
-key_b=0x6c9d000200000002  # node 2, epoch 2: B's acquisition is the newer token
-preempt=--preempt-abort
-[[ $LAB_FABRIC == tcm_loop ]] && preempt=--preempt  # PREEMPT AND ABORT deadlocks tcm_loop on 6.1
-work=$(mktemp -d)
+preempt=preempt-and-abort
+[[ $LAB_FABRIC == tcm_loop ]] && preempt=preempt  # PREEMPT AND ABORT deadlocks tcm_loop on 6.1
+rm -rf "$BF"
+bf_clear 0
+bf_config A 1 "$preempt" 0 "" 500ms 3s
+bf_config B 2 "$preempt" 0 "" 500ms 3s
+block0=100
 
 echo "blkfence failover demo: one LU ($(lab_dev A 0 wwn)) shared by node A ($a) and node B ($b) over $LAB_FABRIC"
+echo "blkfenced on each node: resource \"db\", check_interval 500 ms, lease 3 s, $preempt"
 echo
-lab_log "A registers $key_a and reserves (Write Exclusive, registrants only)"
-lab_pr --out --register-ignore --param-sark="$key_a" "$a" 2>/dev/null &&
-  lab_pr --out --reserve --param-rk="$key_a" --prout-type=5 "$a" || exit 1
-lab_pr --out --register-ignore --param-sark="$key_b" "$b" 2>/dev/null || exit 1
-lab_log "B registers $key_b (standby)"
-lab_log "holder as B sees it: $(lab_holder "$b")"
+bf_start A && bf_start B || exit 1
+lab_log "both daemons are up; A's gate: $(bf_field A db gate_open | sed 's/false/closed/;s/true/open/')"
+bf_ctl A watch db --json 2>/dev/null | while IFS= read -r line; do
+  case $line in
+    *'"event":"fenced"'*) lab_log "A's daemon: FENCED (the reservation is held by another key): gate closed" ;;
+    *'"event":"gate"'*'"gate_open":false'*) lab_log "A's daemon: gate closed" ;;
+  esac
+done &
 
-# A's writer: one record every 0.2 s, record n into 4 KiB block n, until the target refuses one.
-# It runs as its own process group (job control), so that SIGSTOP freezes it whole, dd included,
-# as a pause freezes a real writer.
-set -m
-(
-  n=0
-  while error=$(lab_write "$a" "$n" "A epoch 1 record $n"); do
-    lab_log "A writes record $n: ok"
-    echo "$n" >"$work/a-last"
-    n=$((n + 1))
-    sleep 0.2
-  done
-  lab_log "A writes record $n: REFUSED by the target: $error"
-  echo "$error" >"$work/a-refused"
-) &
-writer=$!
-set +m
-until [[ $(cat "$work/a-last" 2>/dev/null) -ge 2 ]]; do sleep 0.05; done
+lab_log "A: blkfencectl acquire db"
+bf_ctl A acquire db --timeout 30s | sed 's/^/          /'
+epoch_a=$(bf_field A db epoch)
+lab_log "A's token file: $(cat "$BF/A/run/db.token")"
+bf_ctl A run db -- "$BLKFENCE_LAB_REPO/tests/lab/daemon/writer.sh" A "$a" "$block0" "$BF/A/writer.log" \
+  >"$BF/A/run.out" 2>&1 &
+run_pid=$!
+lab_log "A: blkfencectl run db -- writer.sh (records stamped with epoch $epoch_a)"
+until grep -q '^ok 3$' "$BF/A/writer.log" 2>/dev/null; do sleep 0.05; done
+lab_log "A's writer has landed records 1-3"
 
-kill -STOP -- -"$writer"
-lab_log "A freezes (SIGSTOP): it still believes it is the writer"
+writer=$(cat "$BF/A/writer.log.pid")
+kill -STOP "$(cat "$BF/A/pid")"
+kill -STOP -- "-$writer"
+last=$(awk '$1 == "issue" { n = $2 } END { print n }' "$BF/A/writer.log")
+lab_log "A FREEZES (SIGSTOP of its daemon and its writer, after record $last): it still believes it holds db"
 
-lab_log "B preempts A's key ($preempt, PR OUT with RK=$key_b SARK=$key_a)"
-lab_pr --out "$preempt" --param-rk="$key_b" --param-sark="$key_a" --prout-type=5 "$b" 2>/dev/null || exit 1
-lab_log "registered keys now: $(lab_keys "$b" 2>/dev/null | tr '\n' ' ')"
-lab_log "holder now: $(lab_holder "$b" 2>/dev/null)"
-# S1 (DESIGN.md §4): from here on nothing of A's may land. Remember A's region as it is now.
-a_region() { dd if="$b" bs=4096 count=1000 iflag=direct status=none | sha256sum; }
-region_at_preempt=$(a_region)
-lab_write "$b" 1000 "B epoch 2 record 0" && lab_log "B (new holder) writes its first record into block 1000: ok"
+lab_log "B: blkfencectl acquire db"
+bf_ctl B acquire db --timeout 30s | sed 's/^/          /'
+epoch_b=$(bf_field B db epoch)
+lab_log "registered keys now (read by B): $(lab_keys "$b" | tr '\n' ' ')"
+lab_write "$b" "$block0" "blkfence-lab node=B epoch=$epoch_b first record" &&
+  lab_log "B (new holder, epoch $epoch_b) writes its first record"
 
-kill -CONT -- -"$writer"
-lab_log "A resumes (SIGCONT) and writes on"
-wait "$writer"
+kill -CONT -- "-$writer"
+lab_log "A's writer resumes (SIGCONT) and writes on"
+until grep -q '^fail' "$BF/A/writer.log"; do sleep 0.05; done
+lab_log "A's write: REFUSED by the target: $(awk '$1 == "fail" { $1 = $2 = ""; sub(/^ +/, ""); print; exit }' "$BF/A/writer.log")"
+kill -CONT "$(cat "$BF/A/pid")"
+lab_log "A's daemon resumes (SIGCONT)"
+bf_await A db state fenced >/dev/null
+wait "$run_pid"
+run_status=$?
+lab_log "blkfencectl run on A: the gate closed, it killed the writer (exit $run_status)"
 
 echo
 echo "records on the LU (read by B):"
-for ((i = 0; i < 1000; i++)); do
-  record=$(lab_read "$b" "$i")
-  [[ -n $record ]] || break
-  printf '  block %4d: %s\n' "$i" "$record"
+for ((i = 0; i <= last + 5; i++)); do
+  record=$(lab_read "$b" $((block0 + i)))
+  [[ -n $record ]] && printf '  block %4d: %s\n' $((block0 + i)) "$record"
 done
-printf '  block %4d: %s\n' 1000 "$(lab_read "$b" 1000)"
+late=""
+for ((i = last + 1; i <= last + 50; i++)); do
+  [[ $(lab_read "$b" $((block0 + i))) == *"node=A"* ]] && late+=" $i"
+done
 echo
-lab_expect_eq "A's write after the preempt was refused with EBADE" "$(cat "$work/a-refused" 2>/dev/null)" "Invalid exchange"
-lab_expect_eq "nothing of A's landed after B's preempt" "$(a_region)" "$region_at_preempt"
-lab_expect_eq "B's record is intact" "$(lab_read "$a" 1000)" "B epoch 2 record 0"
+lab_expect_eq "the target refused A's write after B's acquisition" \
+  "$(awk '$1 == "fail" { $1 = $2 = ""; sub(/^ +/, ""); print; exit }' "$BF/A/writer.log")" "Invalid exchange"
+lab_expect_eq "A's daemon reports fenced by B's key" "$(bf_field A db fenced_by)" "$(bf_field B db key)"
+lab_expect "A's token file is gone" test ! -e "$BF/A/run/db.token"
+lab_expect_eq "blkfencectl run killed A's writer (exit 4)" "$run_status" 4
+lab_expect_eq "S1: no record of A's epoch landed after B's acquisition" "${late:-none}" none
+lab_expect_eq "B's first record is intact" "$(lab_read "$a" "$block0")" "blkfence-lab node=B epoch=$epoch_b first record"
+bf_stop A
+bf_stop B
 lab_done

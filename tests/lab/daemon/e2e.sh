@@ -1,0 +1,219 @@
+#!/bin/bash
+# blkfenced end to end on real LIO (issue 4, DESIGN.md §4-§5): two daemons, node A and node B, each
+# using only its own nexuses, in one boot:
+#   1. failover: A acquires; a writer under `blkfencectl run` on A writes records stamped with A's
+#      epoch; A's daemon and writer are frozen (SIGSTOP); B acquires (preempts A); the writer is
+#      resumed and its next write is refused by the target (EBADE); A's daemon is resumed and
+#      reports fenced within one check_interval plus a round trip, removes the token, runs
+#      on_fenced, and `run` kills the writer; no record of A's epoch written after B's acquisition
+#      is on the LU (S1); A never registers again on its own (S5);
+#   2. restarts: A's daemon restarted after the fence does not register (S5); B's daemon restarted
+#      while holding adopts its verified key, and the epoch never goes back (S3);
+#   3. racing acquires from A and B end with exactly one holder and one open gate;
+#   4. shared mode: A and B unfenced, A fences B, B's writes are refused and A's succeed;
+#   5. (iSCSI) the storage becomes unreachable (A's session is logged out): A's gate closes after
+#      the lease.
+# With "mutant", A runs blkfenced_mutant_reregister (re-registers after a fence) and the check
+# passes only if step 1's S1/S5 checks catch it.
+#   usage: e2e.sh PREEMPT DB_LUS SHARED_LU [mutant]    e.g. e2e.sh preempt-and-abort 0,1 2
+set -u
+. "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
+. "$BLKFENCE_LAB_REPO/tests/lab/daemon/lib.sh"
+preempt=$1 db_lus=${2//,/ } shared_lu=$3 mode=${4:-}
+interval_ms=500
+first_lu=${db_lus%% *}
+a_dev=$(lab_dev A "$first_lu") b_dev=$(lab_dev B "$first_lu")
+block0=1000
+
+rm -rf "$BF"
+bf_clear $db_lus $shared_lu
+# Records of an earlier run in this boot must not pass for this run's.
+dd if=/dev/zero of="$a_dev" bs=4096 seek="$block0" count=600 oflag=direct status=none
+bf_config A 1 "$preempt" "$db_lus" "$shared_lu" "${interval_ms}ms" 3s
+bf_config B 2 "$preempt" "$db_lus" "$shared_lu" "${interval_ms}ms" 3s
+a_binary=$BLKFENCED
+[[ $mode == mutant ]] && a_binary=${BLKFENCED_MUTANT:?BLKFENCED_MUTANT names blkfenced_mutant_reregister}
+lab_expect "A's daemon starts" bf_start A "$a_binary"
+lab_expect "B's daemon starts" bf_start B
+lab_expect_eq "A's gate is closed at start" "$(bf_field A db gate_open)" false
+lab_expect_eq "no token file on A" "$(ls "$BF/A/run")" "control.sock"
+
+# --- 1. failover ---------------------------------------------------------------------------------
+lab_expect "A acquires db" bf_ctl A acquire db --timeout 30s
+key_a=$(bf_field A db key) epoch_a=$(bf_field A db epoch)
+lab_log "A holds with $key_a (epoch $epoch_a)"
+lab_expect_eq "A's token file holds its key" "$(cat "$BF/A/run/db.token" 2>&1)" "$key_a"
+lab_expect_eq "A's key is the only key on every LU (read by B)" "$(bf_keys_everywhere $db_lus)" "$key_a "
+lab_expect_eq "A holds LU $first_lu (read by B)" "$(lab_holder "$b_dev" | cut -d' ' -f1)" "$key_a"
+lab_expect_eq "gate check on A says open" "$(bf_ctl A gate check db >/dev/null 2>&1; echo $?)" 0
+lab_expect_eq "gate check on B says closed" "$(bf_ctl B gate check db >/dev/null 2>&1; echo $?)" 1
+
+bf_ctl A run db -- "$BLKFENCE_LAB_REPO/tests/lab/daemon/writer.sh" A "$a_dev" "$block0" "$BF/A/writer.log" \
+  >"$BF/A/run.out" 2>&1 &
+run_pid=$!
+for ((try = 0; try < 200; try++)); do
+  grep -q '^ok 3$' "$BF/A/writer.log" 2>/dev/null && break
+  sleep 0.1
+done
+lab_expect "A's writer lands writes while A holds" grep -q '^ok 3$' "$BF/A/writer.log"
+writer_pid=$(cat "$BF/A/writer.log.pid")
+a_pid=$(cat "$BF/A/pid")
+kill -STOP "$a_pid"
+kill -STOP -- "-$writer_pid"
+last_issued=$(awk '$1 == "issue" { n = $2 } END { print n }' "$BF/A/writer.log")
+lab_log "froze A's daemon and writer (last write issued: $last_issued)"
+
+t_acquire=$EPOCHREALTIME
+bf_ctl B acquire db --timeout 30s --json >"$BF/B/acquire.json"
+lab_expect_eq "B acquires db while A is frozen" "$?" 0
+key_b=$(bf_field B db key) epoch_b=$(bf_field B db epoch)
+lab_log "B holds with $key_b (epoch $epoch_b) after $(awk -v a="$t_acquire" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }') s (in the daemon: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["elapsed_ms"])' "$BF/B/acquire.json") ms)"
+lab_expect "B's epoch is above A's" test "$epoch_b" -gt "$epoch_a"
+lab_expect_eq "B's key is the only key on every LU" "$(bf_keys_everywhere $db_lus)" "$key_b "
+lab_expect "B writes" lab_write "$b_dev" "$block0" "blkfence-lab node=B epoch=$epoch_b marker"
+
+kill -CONT -- "-$writer_pid"
+for ((try = 0; try < 100; try++)); do
+  grep -q '^fail' "$BF/A/writer.log" && break
+  sleep 0.1
+done
+lab_expect_eq "the target refuses A's next write" \
+  "$(awk '$1 == "fail" { $1 = ""; $2 = ""; sub(/^ +/, ""); print; exit }' "$BF/A/writer.log")" "Invalid exchange"
+
+t_resume=$EPOCHREALTIME
+kill -CONT "$a_pid"
+lab_expect "A's daemon reports fenced" bf_await A db state fenced
+# When A's daemon decided: its log line (stamped with CLOCK_REALTIME, like EPOCHREALTIME). The
+# round that saw the fence took the monitor's own round-trip time (its metrics).
+t_fenced=$(awk '/ db: fenced: / { gsub(/^<[0-9]>\[|\].*$/, ""); print; exit }' "$BF/A/log")
+rtt_ms=$(bf_ctl A metrics | awk '$1 ~ /^blkfence_check_latency_seconds_max\{resource="db"\}/ { printf "%d", $2 * 1000 + 0.5 }')
+if [[ -n $t_fenced && -n $rtt_ms ]]; then
+  detection_ms=$(awk -v a="$t_resume" -v b="$t_fenced" 'BEGIN { printf "%d", (b - a) * 1000 }')
+  lab_log "detection: A reported fenced $detection_ms ms after it resumed (check_interval $interval_ms ms, slowest round trip $rtt_ms ms)"
+  lab_expect "A detects within check_interval + a round trip" \
+    test "$detection_ms" -le $((interval_ms + rtt_ms))
+else
+  lab_not_ok "no fenced event in A's watch, or no round-trip metric ('$t_fenced' '$rtt_ms')"
+fi
+lab_expect_eq "A reports B's key as the one that fenced it" "$(bf_field A db fenced_by)" "$key_b"
+if [[ $mode != mutant ]]; then  # the mutant reopens its gate at once
+  lab_expect_eq "A's gate is closed" "$(bf_field A db gate_open)" false
+  lab_expect "A's token file is gone" test ! -e "$BF/A/run/db.token"
+fi
+for ((try = 0; try < 100; try++)); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$run_pid" 2>/dev/null; then
+  lab_not_ok "blkfencectl run is still running 10 s after the fence"
+  kill -KILL -- "-$writer_pid" "$run_pid" 2>/dev/null
+fi
+wait "$run_pid"
+lab_expect_eq "blkfencectl run killed the writer and exited 4" "$?" 4
+lab_expect "the writer is gone" test ! -d "/proc/$writer_pid"
+lab_expect "on_fenced ran with the reason and A's key" grep -qx "fenced $key_a" "$BF/A/on_fenced"
+
+# S5: A does not register again, over several of its monitor rounds.
+bf_await_checks A db 4 >/dev/null
+s5_keys=$(bf_keys_everywhere $db_lus)
+# A straggler: a write from A's nexus with A's old epoch, as a writer that the gate did not stop in
+# time would issue. The target must refuse it, since A's key stays unregistered (S5 => S1).
+straggler=$(lab_write "$a_dev" $((block0 + last_issued + 40)) "blkfence-lab node=A epoch=$epoch_a seq=straggler") &&
+  straggler="the write landed"
+
+# S1: nothing of A's epoch issued after the freeze is on the LU (read through B's nexus).
+landed_after=""
+for ((seq = last_issued + 1; seq <= last_issued + 50; seq++)); do
+  record=$(lab_read "$b_dev" $((block0 + seq)))
+  [[ $record == *"node=A epoch=$epoch_a"* ]] && landed_after+=" $seq"
+done
+lab_expect_eq "S1: B still reads its marker" "$(lab_read "$b_dev" "$block0")" "blkfence-lab node=B epoch=$epoch_b marker"
+if [[ $mode == mutant ]]; then
+  # The mutant re-registers A's key after the fence: A's nexus may write under B's reservation.
+  lab_expect_eq "the mutant is caught by S5 (A's key is back on the LUs)" \
+    "$([[ $s5_keys == *"$key_a"* ]] && echo caught)" caught
+  lab_expect_eq "the mutant is caught by S1 (a write of A's old epoch landed after B's acquisition)" \
+    "$([[ -n $landed_after ]] && echo caught)" caught
+  bf_stop A
+  bf_stop B
+  bf_clear $db_lus $shared_lu
+  lab_done
+  exit
+fi
+lab_expect_eq "the target refuses A's straggler write" "$straggler" "Invalid exchange"
+lab_expect_eq "S1: no record of A's epoch landed after the freeze${landed_after:+ (landed:$landed_after)}" "${landed_after:-none}" none
+lab_expect_eq "S5: A's key stays off every LU" "$s5_keys" "$key_b "
+
+# --- 2. restarts ---------------------------------------------------------------------------------
+bf_stop A
+lab_expect "A's daemon restarts" bf_start A
+lab_expect_eq "restarted A is released, not holding" "$(bf_field A db state)" released
+lab_expect_eq "S5: restarted A registered nothing" "$(bf_keys_everywhere $db_lus)" "$key_b "
+lab_expect_eq "S3: A's persisted epoch is still $epoch_a" "$(cat "$BF/A/state/db.epoch")" "$epoch_a"
+bf_stop B
+lab_expect "B's daemon restarts" bf_start B
+lab_expect_eq "restarted B adopts its verified key" "$(bf_field B db key)" "$key_b"
+lab_expect_eq "restarted B's gate is open" "$(bf_field B db gate_open)" true
+lab_expect_eq "restarted B's token file" "$(cat "$BF/B/run/db.token" 2>&1)" "$key_b"
+
+# --- 3. racing acquires --------------------------------------------------------------------------
+lab_expect "B releases db" bf_ctl B release db --timeout 30s
+lab_expect_eq "no key is left after the release" "$(bf_keys_everywhere $db_lus)" ""
+bf_ctl A acquire db --timeout 30s >"$BF/A/race.out" 2>&1 &
+race_a=$!
+bf_ctl B acquire db --timeout 30s >"$BF/B/race.out" 2>&1 &
+race_b=$!
+wait "$race_a"; rc_a=$?
+wait "$race_b"; rc_b=$?
+lab_log "racing acquires: A exited $rc_a, B exited $rc_b"
+# Both may succeed one after the other (the later one preempts the earlier), or one may lose the
+# race (exit 4); either way it must end with one holder and one open gate.
+clean=no
+[[ ($rc_a == 0 || $rc_a == 4) && ($rc_b == 0 || $rc_b == 4) && ($rc_a == 0 || $rc_b == 0) ]] && clean=yes
+lab_expect_eq "each racing acquire succeeded or lost cleanly (exit 0 or 4), one at least succeeded" "$clean" yes
+# The holder is whoever the LUs say; the other node's gate closes within its next check.
+holder=$(lab_holder "$a_dev" | cut -d' ' -f1)
+winner=A loser=B
+[[ $holder == "$(bf_field B db key)" ]] && winner=B loser=A
+key_w=$(bf_field "$winner" db key)
+lab_expect_eq "the LU's holder is one of the racers" "$holder" "$key_w"
+lab_expect "the other racer's gate is closed" bf_await "$loser" db gate_open false
+lab_expect_eq "exactly one gate is open: $winner's" \
+  "$(bf_field A db gate_open) $(bf_field B db gate_open)" "$([[ $winner == A ]] && echo "true false" || echo "false true")"
+lab_expect_eq "exactly one token file" "$(ls "$BF"/A/run/db.token "$BF"/B/run/db.token 2>/dev/null)" "$BF/$winner/run/db.token"
+lab_expect_eq "the winner's key is the only key on every LU" "$(bf_keys_everywhere $db_lus)" "$key_w "
+lab_expect "S3: the winner's epoch is above every earlier one" test "$(bf_field "$winner" db epoch)" -gt "$epoch_b"
+
+# --- 4. shared mode ------------------------------------------------------------------------------
+if [[ -n $shared_lu ]]; then
+  a_log=$(lab_dev A "$shared_lu") b_log=$(lab_dev B "$shared_lu")
+  lab_expect "A unfences logs" bf_ctl A unfence logs --timeout 30s
+  lab_expect "B unfences logs" bf_ctl B unfence logs --timeout 30s
+  lab_expect_eq "both gates of logs are open" "$(bf_field A logs gate_open) $(bf_field B logs gate_open)" "true true"
+  lab_expect "B writes to logs while unfenced" lab_write "$b_log" 0 "B before the fence"
+  lab_expect "A fences node 2" bf_ctl A fence logs --node 2 --timeout 30s
+  error=$(lab_write "$b_log" 1 "B after the fence") && error="the write succeeded"
+  lab_expect_eq "the target refuses B's write" "$error" "Invalid exchange"
+  lab_expect "A still writes" lab_write "$a_log" 2 "A after the fence"
+  lab_expect "B's daemon reports fenced on logs" bf_await B logs state fenced
+  lab_expect_eq "B's logs gate is closed" "$(bf_field B logs gate_open)" false
+fi
+
+# --- 5. storage unreachable (iSCSI) --------------------------------------------------------------
+if [[ $LAB_FABRIC == iscsi ]]; then
+  [[ $winner == A ]] || lab_expect "A acquires db" bf_ctl A acquire db --timeout 30s
+  iscsiadm -m node -T "$lab_iscsi_target" -p 127.0.0.1:3260 -I lab-a --logout >/dev/null 2>&1
+  t_drop=$EPOCHREALTIME
+  lab_expect "A loses contact after the lease" bf_await A db state lost-contact 100
+  t_lost=$(awk '/ db: lost-contact: / { gsub(/^<[0-9]>\[|\].*$/, ""); t = $0 } END { print t }' "$BF/A/log")
+  lost_ms=$(awk -v a="$t_drop" -v b="$t_lost" 'BEGIN { printf "%d", (b - a) * 1000 }')
+  lab_log "A's daemon closed the gate $lost_ms ms after iscsiadm logged A out (lease 3000 ms)"
+  # The lease runs from the last round that read every LU, issued at most one check_interval (plus
+  # its round trip) before the session went; a round in flight then ends only at command_timeout.
+  lab_expect "the gate closes about one lease after contact is lost" \
+    test "$lost_ms" -ge $((3000 - interval_ms - 1000)) -a "$lost_ms" -le $((3000 + 2000))
+  lab_expect_eq "A's gate is closed" "$(bf_field A db gate_open)" false
+  lab_expect "A's token file is gone" test ! -e "$BF/A/run/db.token"
+fi
+
+bf_stop A
+bf_stop B
+bf_clear $db_lus $shared_lu
+lab_done
