@@ -112,6 +112,18 @@ std::optional<Reply> await_reply(ControlClient& client, std::optional<Clock::tim
   }
 }
 
+// One request and its reply: connect, send, await (until deadline). Prints why not and sets exit.
+std::optional<Reply> ask(const DaemonOptions& options, Op op, int& exit,
+                         std::optional<Clock::time_point> deadline) {
+  auto client = open_and_send(
+      options,
+      {.id = 1, .op = op, .resource = options.resource, .node = options.node, .timeout = {}}, exit);
+  if (!client) {
+    return std::nullopt;
+  }
+  return await_reply(*client, deadline, options.resource, exit);
+}
+
 std::string key_text(const std::optional<std::uint64_t>& key) {
   return key ? daemon::format_key(*key) : "-";
 }
@@ -163,13 +175,7 @@ std::optional<daemon::ResourceStatus> status_from(const nlohmann::json& json) {
 
 int status_command(const DaemonOptions& options) {
   int exit = 0;
-  auto client = open_and_send(
-      options,
-      {.id = 1, .op = Op::kStatus, .resource = options.resource, .node = {}, .timeout = {}}, exit);
-  if (!client) {
-    return exit;
-  }
-  auto reply = await_reply(*client, deadline_of(options), options.resource, exit);
+  auto reply = ask(options, Op::kStatus, exit, deadline_of(options));
   if (!reply) {
     return exit;
   }
@@ -190,20 +196,12 @@ int status_command(const DaemonOptions& options) {
 
 int operation_command(const std::string& op, const DaemonOptions& options) {
   int exit = 0;
-  const auto parsed = daemon::op_from_string(op);
-  auto client = open_and_send(
-      options,
-      {.id = 1, .op = *parsed, .resource = options.resource, .node = options.node, .timeout = {}},
-      exit);
-  if (!client) {
-    return exit;
-  }
   // The daemon answers kTimeout itself at --timeout; allow a little more for its reply.
   std::optional<Clock::time_point> deadline;
   if (options.timeout) {
     deadline = Clock::now() + *options.timeout + std::chrono::seconds(2);
   }
-  auto reply = await_reply(*client, deadline, options.resource, exit);
+  auto reply = ask(options, *daemon::op_from_string(op), exit, deadline);
   if (!reply) {
     return exit;
   }
@@ -228,13 +226,7 @@ int operation_command(const std::string& op, const DaemonOptions& options) {
 
 int keys_command(const DaemonOptions& options) {
   int exit = 0;
-  auto client = open_and_send(
-      options, {.id = 1, .op = Op::kKeys, .resource = options.resource, .node = {}, .timeout = {}},
-      exit);
-  if (!client) {
-    return exit;
-  }
-  auto reply = await_reply(*client, deadline_of(options), options.resource, exit);
+  auto reply = ask(options, Op::kKeys, exit, deadline_of(options));
   if (!reply) {
     return exit;
   }
@@ -262,12 +254,7 @@ int keys_command(const DaemonOptions& options) {
 
 int metrics_command(const DaemonOptions& options) {
   int exit = 0;
-  auto client = open_and_send(
-      options, {.id = 1, .op = Op::kMetrics, .resource = {}, .node = {}, .timeout = {}}, exit);
-  if (!client) {
-    return exit;
-  }
-  auto reply = await_reply(*client, deadline_of(options), "", exit);
+  auto reply = ask(options, Op::kMetrics, exit, deadline_of(options));
   if (!reply) {
     return exit;
   }
@@ -369,13 +356,7 @@ std::optional<Opened> wait_open(ControlClient& client, const DaemonOptions& opti
 
 int gate_check_command(const DaemonOptions& options) {
   int exit = 0;
-  auto client = open_and_send(
-      options, {.id = 1, .op = Op::kGate, .resource = options.resource, .node = {}, .timeout = {}},
-      exit);
-  if (!client) {
-    return exit;
-  }
-  auto reply = await_reply(*client, deadline_of(options), options.resource, exit);
+  auto reply = ask(options, Op::kGate, exit, deadline_of(options));
   if (!reply) {
     return exit;
   }

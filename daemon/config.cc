@@ -26,6 +26,8 @@
 
 #include "blkfence/unique_fd.h"
 
+#include "text.h"
+
 namespace blkfence::daemon {
 namespace {
 
@@ -102,18 +104,6 @@ bool is_alnum(char c) {
 }
 char to_lower(char c) {
   return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c;
-}
-
-// Where a UTF-8 text may be cut without splitting a character: at most `limit` bytes.
-std::size_t utf8_cut(std::string_view text, std::size_t limit) {
-  if (text.size() <= limit) {
-    return text.size();
-  }
-  std::size_t cut = limit;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0U) == 0x80U) {
-    --cut;
-  }
-  return cut;
 }
 
 // A TOML basic string: what format_config() writes and what messages quote. toml++ hands over

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "config.h"
+#include "text.h"
 
 namespace blkfence::daemon {
 namespace {
@@ -33,18 +34,6 @@ constexpr std::array<std::string_view, 5> kEnvelope{"v", "id", "ok", "error", "e
 
 std::string dump_line(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// Where UTF-8 text may be cut without splitting a character: at most `limit` bytes.
-std::size_t utf8_cut(std::string_view text, std::size_t limit) {
-  if (text.size() <= limit) {
-    return text.size();
-  }
-  std::size_t cut = limit;
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0U) == 0x80U) {
-    --cut;
-  }
-  return cut;
 }
 
 // A JSON string literal of text, cut to kMaxQuoted bytes: how messages repeat names and values.

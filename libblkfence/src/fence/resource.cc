@@ -269,7 +269,7 @@ void Resource::emit(EventKind kind, std::string detail, std::optional<std::uint6
                                   .detail = std::move(detail)});
 }
 
-// --- start -------------------------------------------------------------------------------------
+// --- start ---------------------------------------------------------------------------------------
 
 void Resource::start(Time now) {
   auto stored = epochs_.load(options_.name);
@@ -361,18 +361,28 @@ void Resource::probe_read(Reads reads, Time now) {
   end(fail(ErrorCode::kLost, detail_), now);
 }
 
-// --- acquire (exclusive) -----------------------------------------------------------------------
+// --- acquire (exclusive) -------------------------------------------------------------------------
 
-void Resource::acquire(Time now, Done done) {
-  if (options_.mode != Mode::kExclusive) {
+// Answers done and returns true when an operation needing mode cannot start now.
+bool Resource::refuse(Mode mode, Time now, Done& done) {
+  if (options_.mode != mode) {
     done(fail(ErrorCode::kInvalidArgument,
-              "resource " + options_.name + " is in shared mode: use unfence and fence"),
+              "resource " + options_.name + " is in " + std::string(to_string(options_.mode)) +
+                  " mode: use " +
+                  (options_.mode == Mode::kShared ? "unfence and fence" : "acquire and release")),
          now);
-    return;
+    return true;
   }
   if (op_ != Op::kNone) {
     done(fail(ErrorCode::kBusy, "resource " + options_.name + ": another operation is running"),
          now);
+    return true;
+  }
+  return false;
+}
+
+void Resource::acquire(Time now, Done done) {
+  if (refuse(Mode::kExclusive, now, done)) {
     return;
   }
   if (state_ == State::kHeld && gate_open_) {
@@ -637,7 +647,7 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
   });
 }
 
-// --- release ------------------------------------------------------------------------------------
+// --- release -------------------------------------------------------------------------------------
 
 void Resource::release(Time now, Done done) {
   if (op_ != Op::kNone) {
@@ -695,19 +705,10 @@ void Resource::release(Time now, Done done) {
   });
 }
 
-// --- shared mode
-// ----------------------------------------------------------------------------------
+// --- shared mode ---------------------------------------------------------------------------------
 
 void Resource::unfence(Time now, Done done) {
-  if (options_.mode != Mode::kShared) {
-    done(fail(ErrorCode::kInvalidArgument,
-              "resource " + options_.name + " is in exclusive mode: use acquire and release"),
-         now);
-    return;
-  }
-  if (op_ != Op::kNone) {
-    done(fail(ErrorCode::kBusy, "resource " + options_.name + ": another operation is running"),
-         now);
+  if (refuse(Mode::kShared, now, done)) {
     return;
   }
   if (state_ == State::kUnfenced && gate_open_) {
@@ -783,19 +784,11 @@ void Resource::unfence_verify(Key key, Time now) {
 }
 
 void Resource::fence_node(std::uint16_t node_id, Time now, Done done) {
-  if (options_.mode != Mode::kShared) {
-    done(fail(ErrorCode::kInvalidArgument,
-              "resource " + options_.name + " is in exclusive mode: acquire preempts the holder"),
-         now);
+  if (refuse(Mode::kShared, now, done)) {
     return;
   }
   if (node_id == options_.node_id) {
     done(fail(ErrorCode::kInvalidArgument, "a node cannot fence itself; use release"), now);
-    return;
-  }
-  if (op_ != Op::kNone) {
-    done(fail(ErrorCode::kBusy, "resource " + options_.name + ": another operation is running"),
-         now);
     return;
   }
   if (state_ != State::kUnfenced || !key_) {
@@ -860,8 +853,7 @@ void Resource::fence_preempt(std::uint16_t victim, const Reads& reads, Time now)
       });
 }
 
-// --- monitor
-// --------------------------------------------------------------------------------------
+// --- monitor -------------------------------------------------------------------------------------
 
 void Resource::on_time(Time now) {
   if (gate_open_ && last_success_ && now - *last_success_ >= options_.lease) {

@@ -174,6 +174,7 @@ class Resource {
   void run(std::vector<pr::Request> requests, Time now,
            std::function<void(std::vector<pr::Response>, Time)> then);
   void read_all(bool with_keys, Time now, ReadsDone then);
+  bool refuse(Mode mode, Time now, Done& done);
   void begin(Op op, Done done);
   void end(Result<Key> result, Time now);
 
