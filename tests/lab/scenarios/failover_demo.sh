@@ -25,7 +25,8 @@ bf_start A && bf_start B || exit 1
 lab_log "both daemons are up; A's gate: $(bf_field A db gate_open | sed 's/false/closed/;s/true/open/')"
 bf_ctl A watch db --json 2>/dev/null | while IFS= read -r line; do
   case $line in
-    *'"event":"fenced"'*) lab_log "A's daemon: FENCED (the reservation is held by another key): gate closed" ;;
+    *'"event":"fenced"'*) lab_log "A's daemon: FENCED (the reservation is held by another key)" ;;
+    *'"event":"lost-contact"'*) lab_log "A's daemon: no check succeeded for the lease (it was frozen): fail closed" ;;
     *'"event":"gate"'*'"gate_open":false'*) lab_log "A's daemon: gate closed" ;;
   esac
 done &
