@@ -614,11 +614,11 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
       if (holder && *holder != key.value()) {
         winner = holder;
       }
-      // Lost on this LU (or cannot tell: its reservation could not be read), and our key is
-      // registered there (or its keys could not be read, and a REGISTER of ours may have
-      // executed, S4): our registration would let this node write under the winner's
-      // reservation, so take it back. Unregistering a key that is not there only conflicts.
-      const bool lost = (holder && *holder != key.value()) || !reads.lus[i].reservation;
+      // Lost on this LU, and our key is registered there (or its keys could not be read, and a
+      // REGISTER of ours may have executed, S4): our registration would let this node write under
+      // the winner's reservation, so take it back. Unregistering a key that is not there only
+      // conflicts.
+      const bool lost = holder && *holder != key.value();
       if (lost && (!reads.lus[i].keys || reads.registered(i, key.value()))) {
         for (auto& request : pr::prout_every_path(
                  options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {

@@ -1,0 +1,769 @@
+// The safety checker of the simulation (tests/sim): S1–S5 of DESIGN.md §4, each stated precisely
+// above its check, judged after the run on its record (history.h). It also replays the target's
+// PR OUT history to know which key every removed registration held, and cross-checks that replay
+// against the target's final state, so a wrong record shows up as a "checker" violation rather
+// than as a silent pass. Pure functions over the record.
+#include "checker.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <set>
+#include <tuple>
+
+#include "blkfence/codec/cdb.h"
+
+namespace blkfence::sim {
+namespace {
+
+using codec::PrOutAction;
+using transport::PrOutRecord;
+using transport::WriteRecord;
+
+std::uint16_t node_of_key(std::uint64_t key) {
+  return static_cast<std::uint16_t>(key >> 32U);
+}
+std::uint16_t cluster_of_key(std::uint64_t key) {
+  return static_cast<std::uint16_t>(key >> 48U);
+}
+std::uint32_t epoch_of_key(std::uint64_t key) {
+  return static_cast<std::uint32_t>(key);
+}
+
+std::uint16_t node_of(const Run& run, transport::NexusId nexus) {
+  const auto it = run.node_of_nexus.find(nexus);
+  return it == run.node_of_nexus.end() ? 0 : it->second;
+}
+
+std::string prout_name(std::uint8_t action) {
+  if (action <= static_cast<std::uint8_t>(PrOutAction::kRegisterAndMove)) {
+    return std::string(codec::to_string(static_cast<PrOutAction>(action)));
+  }
+  return "PR OUT " + std::to_string(action);
+}
+
+std::string prin_name(std::uint8_t action) {
+  if (action <= static_cast<std::uint8_t>(codec::PrInAction::kReadFullStatus)) {
+    return std::string(codec::to_string(static_cast<codec::PrInAction>(action)));
+  }
+  return "PR IN " + std::to_string(action);
+}
+
+std::string outcome_text(const transport::SimOutcome& outcome) {
+  switch (outcome.status) {
+    case 0x00: return "GOOD";
+    case 0x18: return "RESERVATION CONFLICT";
+    case 0x40: return "TASK ABORTED";
+    case 0x08: return "BUSY";
+    case 0x02: {
+      char text[64];
+      (void)std::snprintf(text, sizeof text, "CHECK CONDITION %x/%02x/%02x", outcome.sense_key,
+                          outcome.asc, outcome.ascq);
+      return text;
+    }
+    default: return "status " + std::to_string(outcome.status);
+  }
+}
+
+// A PR OUT completion after which S4 wants a read: anything but GOOD, except the answers the
+// engine retries because the command did not execute (Command::not_executed).
+bool wants_read(const Command& command) {
+  return command.outcome != transport::Outcome::kGood && !command.not_executed;
+}
+
+// One node's view of its own history, in the order it happened.
+struct Step {
+  std::uint64_t seq = 0;
+  const Entry* entry = nullptr;      // a trace entry, or
+  const Command* command = nullptr;  // a command's submission or completion
+  bool completion = false;
+};
+
+std::vector<Step> collect_steps(const Run& run, std::uint16_t node) {
+  std::vector<Step> steps;
+  for (const Entry& entry : run.trace) {
+    if (entry.node == node) {
+      steps.push_back(Step{entry.seq, &entry, nullptr, false});
+    }
+  }
+  for (const Command& command : run.commands) {
+    if (command.node != node) {
+      continue;
+    }
+    steps.push_back(Step{command.submitted_seq, nullptr, &command, false});
+    if (command.completed) {
+      steps.push_back(Step{command.completed_seq, nullptr, &command, true});
+    }
+  }
+  std::sort(steps.begin(), steps.end(), [](const Step& a, const Step& b) { return a.seq < b.seq; });
+  return steps;
+}
+
+// Every node's steps, built once for all the checks.
+using Steps = std::map<std::uint16_t, std::vector<Step>>;
+
+std::set<std::uint16_t> nodes_of(const Run& run) {
+  std::set<std::uint16_t> nodes;
+  for (const auto& [nexus, node] : run.node_of_nexus) {
+    nodes.insert(node);
+  }
+  return nodes;
+}
+
+// The target's registrations replayed from its PR OUT history: which key each removed
+// registration held, and the holder before each record.
+struct Replay {
+  struct Removal {
+    const PrOutRecord* record = nullptr;
+    transport::NexusId nexus = 0;
+    std::uint64_t key = 0;
+  };
+  std::vector<Removal> removals;
+  std::map<std::uint64_t, std::optional<std::uint64_t>> holder_before;  // by record sequence
+  // Per LU: (sequence, holder afterwards) of every PR OUT, in order.
+  std::map<transport::LuId, std::vector<std::pair<std::uint64_t, std::optional<std::uint64_t>>>>
+      holders;
+
+  // The holder of a LU just before the target's record number `sequence`.
+  std::optional<std::uint64_t> holder_at(transport::LuId lu, std::uint64_t sequence) const {
+    const auto found = holders.find(lu);
+    if (found == holders.end()) {
+      return std::nullopt;
+    }
+    std::optional<std::uint64_t> holder;
+    for (const auto& [seq, after] : found->second) {
+      if (seq >= sequence) {
+        break;
+      }
+      holder = after;
+    }
+    return holder;
+  }
+};
+
+Replay replay(const Run& run, std::vector<Violation>& violations) {
+  Replay out;
+  std::map<transport::LuId, std::map<transport::NexusId, std::uint64_t>> keys;
+  std::map<transport::LuId, std::optional<std::uint64_t>> holder;
+  for (const PrOutRecord& record : run.target->prouts) {
+    auto& lu = keys[record.lu];
+    out.holder_before[record.sequence] = holder[record.lu];
+    for (const transport::NexusId nexus : record.unregistered) {
+      const auto it = lu.find(nexus);
+      if (it == lu.end()) {
+        violations.push_back({"checker",
+                              "the replay lost track of a registration the target removed",
+                              {describe(run, record)}});
+        continue;
+      }
+      out.removals.push_back({&record, nexus, it->second});
+      lu.erase(it);
+    }
+    const bool registration =
+        record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
+        record.service_action ==
+            static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+    if (registration && record.outcome.status == 0 && record.sa_key != 0) {
+      lu[record.nexus] = record.sa_key;
+    }
+    holder[record.lu] = record.reservation ? std::optional(record.reservation->key) : std::nullopt;
+    out.holders[record.lu].emplace_back(record.sequence, holder[record.lu]);
+  }
+  for (std::size_t lu = 0; lu < run.final_lus.size(); ++lu) {
+    std::map<transport::NexusId, std::uint64_t> actual;
+    for (const auto& registration : run.final_lus[lu].registrations) {
+      actual[registration.nexus] = registration.key;
+    }
+    if (actual != keys[static_cast<transport::LuId>(lu)]) {
+      violations.push_back(
+          {"checker",
+           "the replayed registrations of LU " + std::to_string(lu) + " differ from the target's",
+           {}});
+    }
+  }
+  return out;
+}
+
+// S1 (DESIGN.md §4: no write from a nexus whose key was preempted lands after the preempt
+// completed), on the target's own clock. Let P be a PR OUT record on LU L (target sequence s_P,
+// executed at P.at) issued from a nexus of node M with key K_M, whose `unregistered` list removed
+// a registration holding key K_V of another node V (V != M), where K_M has a greater epoch than
+// K_V or K_V had opened V's gate before P.at: P fenced V's token. (A racer's lower-epoch preempt
+// of a registration that never opened a gate fences nothing: that acquire is still running and
+// may legitimately re-register and win.) Then no write W that landed on L with target sequence
+// s_W > s_P was issued by V's writer under a token of epoch <= epoch(K_V). In words: once a
+// higher epoch's acquire took L from V's key of epoch e, nothing V wrote with epoch e or older
+// lands on L, whether it was on the wire, held in the target's task set (PREEMPT AND ABORT must
+// abort it) or sent later by a writer that did not know yet.
+void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& violations,
+              std::vector<std::string>& notes) {
+  // (LU, victim node) -> the fencing removals, in target order.
+  std::map<std::uint64_t, Time> opened;  // keys that opened a gate, and when they first did
+  for (const Entry& entry : run.trace) {
+    if (entry.kind == EntryKind::kGate && entry.open && entry.key) {
+      opened.emplace(*entry.key, entry.at);
+    }
+  }
+  std::map<std::pair<transport::LuId, std::uint16_t>, std::vector<const Replay::Removal*>> fences;
+  for (const Replay::Removal& removal : replayed.removals) {
+    const std::uint16_t by = node_of(run, removal.record->nexus);
+    const std::uint16_t victim = node_of(run, removal.nexus);
+    const auto gate = opened.find(removal.key);
+    const bool token = gate != opened.end() && gate->second <= removal.record->at;
+    if (by != victim && (epoch_of_key(removal.record->key) > epoch_of_key(removal.key) || token)) {
+      fences[{removal.record->lu, victim}].push_back(&removal);
+    }
+  }
+  for (const WriteRecord& write : run.target->writes) {
+    if (!write.landed) {
+      continue;
+    }
+    const auto issue = run.writes.find(write.lba);
+    if (issue == run.writes.end()) {
+      violations.push_back(
+          {"checker", "a write landed that no writer issued", {describe(run, write)}});
+      continue;
+    }
+    const auto found = fences.find({write.lu, issue->second.node});
+    if (found == fences.end()) {
+      continue;
+    }
+    for (const Replay::Removal* removal : found->second) {
+      if (removal->record->sequence < write.sequence &&
+          issue->second.epoch() <= epoch_of_key(removal->key)) {
+        const auto holder = replayed.holder_at(write.lu, write.sequence);
+        if (!holder && run.allow_unreserved) {
+          notes.push_back("unreserved landing: " + describe(run, write) + " after " +
+                          describe(run, *removal->record));
+          break;
+        }
+        violations.push_back(
+            {"S1",
+             "a write of node " + std::to_string(issue->second.node) + " stamped epoch " +
+                 std::to_string(issue->second.epoch()) + " landed on LU " +
+                 std::to_string(write.lu) + " after node " +
+                 std::to_string(node_of(run, removal->record->nexus)) + " removed its key " +
+                 format_key(removal->key) + " there" +
+                 (holder ? "; the LU was reserved by " + format_key(*holder)
+                         : "; the LU had no reservation any more (released or unregistered by "
+                           "its holder after the preempt, before this node noticed it was "
+                           "fenced)"),
+             {"removed by: " + describe(run, *removal->record),
+              "issued:     " + describe(issue->second), "landed:     " + describe(run, write)}});
+        break;
+      }
+    }
+  }
+}
+
+std::string lu_state_text(const LuState& state) {
+  std::string text = "holder " + (state.holder ? format_key(*state.holder) : "none") + ", keys {";
+  for (std::size_t i = 0; i < state.registrations.size(); ++i) {
+    text += (i == 0 ? "" : ", ") + std::string("nexus ") +
+            std::to_string(state.registrations[i].nexus) + ": " +
+            format_key(state.registrations[i].key);
+  }
+  return text + "}";
+}
+
+// Whether K is the holder and the only key registered.
+bool sole_holder(const LuState& state, std::uint64_t key) {
+  return state.holder == key && !state.registrations.empty() &&
+         std::all_of(state.registrations.begin(), state.registrations.end(),
+                     [key](const transport::SimRegistration& r) { return r.key == key; });
+}
+
+// S2 (the gate is open only while our key is the verified holder on every LU), in two parts.
+// At every gate opening, at time t with key K justified by a verify read issued at
+// v = verified_since: on every LU, K is the holder and the only registered key at t (the
+// target's state read directly in the on_gate callback), unless a PR OUT from another node's
+// nexus executed (GOOD) on that LU in (v, t], which the read could not have seen. A PR OUT of the
+// node itself is no excuse: every one it sent for this key was answered before the verify read
+// was issued. At the end of the quiet phase (no faults, every link up, nothing paused): at most
+// one node's gate is open, and an open gate's key is the holder and only registrant on every LU
+// (so every node whose key is not the holder has its gate closed).
+void check_s2(const Run& run, std::vector<Violation>& violations) {
+  for (const Entry& entry : run.trace) {
+    if (entry.kind != EntryKind::kGate || !entry.open) {
+      continue;
+    }
+    if (!entry.key) {
+      violations.push_back({"S2", "a gate opened without a key", {describe(entry)}});
+      continue;
+    }
+    for (std::size_t lu = 0; lu < entry.target.size(); ++lu) {
+      if (sole_holder(entry.target[lu], *entry.key)) {
+        continue;
+      }
+      std::vector<std::string> lines{describe(entry), "LU " + std::to_string(lu) + " then: " +
+                                                          lu_state_text(entry.target[lu])};
+      bool excused = false;
+      for (const PrOutRecord& record : run.target->prouts) {
+        if (record.lu != lu || record.at > entry.at) {
+          continue;
+        }
+        if (record.at + run.lease >= entry.verified_since) {
+          lines.push_back(describe(run, record));
+        }
+        if (record.at > entry.verified_since && record.outcome.status == 0 &&
+            node_of(run, record.nexus) != entry.node) {
+          excused = true;
+        }
+      }
+      if (!excused) {
+        violations.push_back({"S2",
+                              "node " + std::to_string(entry.node) + " opened its gate with " +
+                                  format_key(*entry.key) + " while LU " + std::to_string(lu) +
+                                  " did not have it as sole holder",
+                              lines});
+      }
+    }
+  }
+  std::vector<const NodeEnd*> open;
+  for (const NodeEnd& node : run.final_nodes) {
+    if (node.gate_open) {
+      open.push_back(&node);
+    }
+  }
+  if (open.size() > 1) {
+    std::vector<std::string> lines;
+    lines.reserve(open.size());
+    for (const NodeEnd* node : open) {
+      lines.push_back("node " + std::to_string(node->node) + " gate open with " +
+                      (node->key ? format_key(*node->key) : "no key") + " (" + node->state + ")");
+    }
+    violations.push_back({"S2", "more than one gate is open at the end", lines});
+  }
+  for (const NodeEnd* node : open) {
+    for (std::size_t lu = 0; lu < run.final_lus.size(); ++lu) {
+      if (!node->key || !sole_holder(run.final_lus[lu], *node->key)) {
+        violations.push_back(
+            {"S2",
+             "at the end node " + std::to_string(node->node) +
+                 "'s gate is open but its key is not the sole holder of LU " + std::to_string(lu),
+             {"node " + std::to_string(node->node) + " key " +
+                  (node->key ? format_key(*node->key) : "none") + " (" + node->state + ")",
+              "LU " + std::to_string(lu) + ": " + lu_state_text(run.final_lus[lu])}});
+      }
+    }
+  }
+}
+
+// S3 (epochs never go backwards, across restarts and LUN resets), in three parts.
+// (a) Each node's registrations: every acquire() call registers one key, and its epoch is greater
+//     than every epoch the node registered before, whatever restarts happened in between (the
+//     epoch store is the node's disk).
+// (b) Every fresh acquisition (an Acquired event with a key the node did not hold just before:
+//     adopting one's own key at restart is not fresh) has an epoch greater than that of every
+//     other node's acquired key (one that had opened a gate) that held the reservation of any LU
+//     at some point between the acquire() call (or the daemon's start, for an adoption) and the
+//     verify read that opened the gate: an acquisition takes over only from older tokens, and no
+//     two holders ever open their gates with the same epoch (BLKFENCE_EPOCH is unique). (A newer
+//     key may take over between that read and the gate opening; that is the newer acquisition's
+//     business, and S2 excuses it.)
+// (c) Every PR OUT that took the reservation from another node's holder key H (PREEMPT or PREEMPT
+//     AND ABORT, GOOD, holder H before and the caller's key after) carries a key that outranks H
+//     in the token order of docs/protocol.md (a greater epoch, or the same epoch and a greater
+//     node id: two racers that read the same keys draw the same epoch), whether or not that
+//     acquire went on to succeed; (b) makes sure such a tie never reaches two open gates.
+// Not checked: an acquirer may also remove a racing acquirer's registration with an equal or
+// greater epoch in its verify rounds; that key never held the reservation, so it never opened a
+// gate ((b) and S2 see to that). Nor, unless --strict-epochs, that fresh acquisitions of all
+// nodes have increasing epochs in time order: after a release unregisters the holder's key the
+// LUs forget its epoch, and the next acquirer draws from its own high-water mark only (README.md).
+void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
+              std::vector<Violation>& violations) {
+  for (const auto& [node, node_steps] : steps) {
+    std::optional<std::uint32_t> highest;
+    std::optional<std::uint64_t> op_key;
+    const Command* last = nullptr;
+    for (const Step& step : node_steps) {
+      if (step.entry && step.entry->kind == EntryKind::kAcquireCalled) {
+        op_key.reset();
+        continue;
+      }
+      if (!step.command || step.completion || !step.command->registers()) {
+        continue;
+      }
+      const Command& command = *step.command;
+      const std::uint32_t epoch = epoch_of_key(command.sa_key);
+      if (op_key && *op_key == command.sa_key) {
+        continue;  // the same acquire, another path or a retry
+      }
+      if (op_key || (highest && epoch <= *highest) || node_of_key(command.sa_key) != node) {
+        violations.push_back(
+            {"S3",
+             "node " + std::to_string(node) + " registered " + format_key(command.sa_key) +
+                 (op_key ? " in the acquire that registered " + format_key(*op_key)
+                         : " after having registered epoch " + std::to_string(*highest)),
+             {last ? describe(run, *last, false) : std::string("(no earlier registration)"),
+              describe(run, command, false)}});
+      }
+      op_key = command.sa_key;
+      highest = std::max(highest.value_or(0), epoch);
+      last = &command;
+    }
+  }
+
+  // The holder of each LU over time, from the target's records.
+  std::map<transport::LuId, std::vector<const PrOutRecord*>> by_lu;
+  for (const PrOutRecord& record : run.target->prouts) {
+    by_lu[record.lu].push_back(&record);
+  }
+  std::map<std::uint64_t, Time> opened;  // every key that opened a gate, and when it first did
+  for (const Entry& entry : run.trace) {
+    if (entry.kind == EntryKind::kGate && entry.open && entry.key) {
+      opened.emplace(*entry.key, entry.at);
+    }
+  }
+  std::map<std::uint16_t, Time> window_start;
+  std::map<std::uint16_t, std::optional<std::uint64_t>> held;
+  std::optional<std::pair<std::uint32_t, const Entry*>> latest;
+  for (const Entry& entry : run.trace) {
+    if (entry.kind == EntryKind::kAcquireCalled || entry.kind == EntryKind::kBoot) {
+      window_start[entry.node] = entry.at;
+      continue;
+    }
+    if (entry.kind != EntryKind::kEvent || entry.event != fence::EventKind::kAcquired ||
+        !entry.key) {
+      continue;
+    }
+    if (held[entry.node] == entry.key) {
+      continue;  // adopted at restart
+    }
+    held[entry.node] = entry.key;
+    const std::uint32_t epoch = epoch_of_key(*entry.key);
+    const Time from = window_start[entry.node];
+    const Time until = entry.verified_since;  // later holders took over from this one
+    for (const auto& [lu, records] : by_lu) {
+      std::optional<std::uint64_t> at_start;                // the holder when the acquire began
+      std::map<std::uint64_t, const PrOutRecord*> holders;  // and every one that followed
+      for (const PrOutRecord* record : records) {
+        if (record->at > until) {
+          break;
+        }
+        const auto after =
+            record->reservation ? std::optional(record->reservation->key) : std::nullopt;
+        if (record->at <= from) {
+          at_start = after;
+        } else if (after) {
+          holders.emplace(*after, record);
+        }
+      }
+      if (at_start) {
+        holders.emplace(*at_start, nullptr);
+      }
+      for (const auto& [holder, record] : holders) {
+        const auto gate = opened.find(holder);
+        if (cluster_of_key(holder) != run.cluster_id || node_of_key(holder) == entry.node ||
+            epoch_of_key(holder) < epoch || gate == opened.end() || gate->second > entry.at) {
+          continue;
+        }
+        violations.push_back(
+            {"S3",
+             "node " + std::to_string(entry.node) + " acquired epoch " + std::to_string(epoch) +
+                 " although " + format_key(holder) + " held LU " + std::to_string(lu) +
+                 " during its acquire (from " + format_time(from) + ")",
+             {describe(entry),
+              record ? describe(run, *record) : "the holder when the acquire began"}});
+      }
+    }
+    if (run.strict_epochs) {
+      if (latest && epoch <= latest->first) {
+        violations.push_back({"S3",
+                              "(strict) a fresh acquisition with epoch " + std::to_string(epoch) +
+                                  " after one with epoch " + std::to_string(latest->first),
+                              {describe(*latest->second), describe(entry)}});
+      }
+      if (!latest || epoch > latest->first) {
+        latest = {epoch, &entry};
+      }
+    }
+  }
+
+  for (const PrOutRecord& record : run.target->prouts) {
+    const bool take =
+        (record.service_action == static_cast<std::uint8_t>(PrOutAction::kPreempt) ||
+         record.service_action == static_cast<std::uint8_t>(PrOutAction::kPreemptAndAbort)) &&
+        record.outcome.status == 0 && record.reservation && record.reservation->key == record.key;
+    const auto before = replayed.holder_before.find(record.sequence);
+    if (!take || before == replayed.holder_before.end() || !before->second ||
+        *before->second == record.key || cluster_of_key(*before->second) != run.cluster_id ||
+        node_of_key(*before->second) == node_of_key(record.key)) {
+      continue;
+    }
+    const auto rank = [](std::uint64_t key) {
+      return std::pair(epoch_of_key(key), node_of_key(key));
+    };
+    if (rank(record.key) <= rank(*before->second)) {
+      violations.push_back({"S3",
+                            format_key(record.key) + " took LU " + std::to_string(record.lu) +
+                                " from " + format_key(*before->second) + ", which outranks it",
+                            {describe(run, record)}});
+    }
+  }
+}
+
+// S4 (after an indeterminate result, no decision is taken without re-reading the state). In each
+// node's trace of commands, once a PR OUT completes (as the daemon reaped it) with anything that
+// may have executed or tells of a state the node did not expect (indeterminate, RESERVATION
+// CONFLICT, a transport or OS error, a CHECK CONDITION the engine does not retry), the node's
+// next PR OUT is submitted only after a PR IN that was submitted after that completion. The
+// engine's own resubmission of a command that did not execute (a unit attention, BUSY, ...) is
+// the same decision, not a new one. Release is the one sequence that decides nothing: it sends
+// RELEASE and then unregisters whatever RELEASE answered, and reads back at the end; its PR OUTs
+// are exempt (they can only remove this node's own key).
+void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
+  for (const auto& [node, node_steps] : steps) {
+    const Command* pending = nullptr;
+    bool releasing = false;
+    for (const Step& step : node_steps) {
+      if (step.entry) {
+        if (step.entry->kind == EntryKind::kReleaseCalled) {
+          releasing = true;
+        } else if (step.entry->kind == EntryKind::kOpDone ||
+                   step.entry->kind == EntryKind::kAcquireCalled ||
+                   step.entry->kind == EntryKind::kCrash) {
+          releasing = false;
+        }
+        continue;
+      }
+      const Command& command = *step.command;
+      if (step.completion) {
+        if (command.is_prout() && wants_read(command)) {
+          pending = &command;
+        }
+        continue;
+      }
+      if (command.is_prin()) {
+        pending = nullptr;
+        continue;
+      }
+      if (command.is_prout() && pending && !releasing && !command.retry) {
+        violations.push_back(
+            {"S4",
+             "node " + std::to_string(node) + " sent a PR OUT after one " + "completed " +
+                 std::string(transport::to_string(pending->outcome)) + " without reading first",
+             {describe(run, *pending, true), describe(run, command, false)}});
+        pending = nullptr;  // one report per lapse
+      }
+    }
+  }
+}
+
+// S5 (a fenced node never re-registers by itself). In each node's trace: after a Fenced event, and
+// after every daemon start (whether it adopted its key or not), no REGISTER or REGISTER AND
+// IGNORE EXISTING KEY that puts a key in place is submitted from its nexuses until the driver
+// next calls acquire() on it.
+void check_s5(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
+  for (const auto& [node, node_steps] : steps) {
+    const Entry* since = nullptr;
+    bool forbidden = true;
+    for (const Step& step : node_steps) {
+      if (step.entry) {
+        if (step.entry->kind == EntryKind::kBoot ||
+            (step.entry->kind == EntryKind::kEvent &&
+             step.entry->event == fence::EventKind::kFenced)) {
+          forbidden = true;
+          since = step.entry;
+        } else if (step.entry->kind == EntryKind::kAcquireCalled) {
+          forbidden = false;
+        }
+        continue;
+      }
+      if (!step.completion && step.command->registers() && forbidden) {
+        violations.push_back({"S5",
+                              "node " + std::to_string(node) + " registered " +
+                                  format_key(step.command->sa_key) +
+                                  " without being asked to acquire",
+                              {since ? describe(*since) : std::string("(never asked)"),
+                               describe(run, *step.command, false)}});
+        forbidden = false;  // one report per lapse
+      }
+    }
+  }
+}
+
+// L1 (liveness, beyond S1-S5): the acquire the driver makes in the quiet phase, with no faults,
+// every link up and every daemon running, succeeds.
+void check_l1(const Run& run, std::vector<Violation>& violations) {
+  for (const Entry& entry : run.trace) {
+    if (entry.kind == EntryKind::kOpDone && entry.detail.rfind("final acquire", 0) == 0 &&
+        !entry.ok) {
+      violations.push_back(
+          {"L1", "the final acquire in the quiet phase failed", {describe(entry)}});
+    }
+  }
+}
+
+}  // namespace
+
+std::string format_time(Time time) {
+  const auto ns = time.count();
+  char text[48];
+  (void)std::snprintf(text, sizeof text, "%" PRId64 ".%06" PRId64 "s",
+                      static_cast<std::int64_t>(ns / 1'000'000'000),
+                      static_cast<std::int64_t>((ns % 1'000'000'000) / 1000));
+  return text;
+}
+
+std::string format_key(std::uint64_t key) {
+  if (key == 0) {
+    return "0";
+  }
+  char text[64];
+  (void)std::snprintf(text, sizeof text, "0x%016" PRIx64 " (n%u e%u)", key, node_of_key(key),
+                      epoch_of_key(key));
+  return text;
+}
+
+std::string describe(const Run& run, const Command& command, bool completion) {
+  std::string text = format_time(completion ? command.completed_at : command.submitted) + " node " +
+                     std::to_string(command.node) + " (boot " + std::to_string(command.boot) +
+                     ") " + (completion ? "reaped   " : "submitted") + " ";
+  if (command.is_prout()) {
+    text += prout_name(command.action) + " key " + format_key(command.key) + " sa " +
+            format_key(command.sa_key);
+  } else if (command.is_prin()) {
+    text += prin_name(command.action);
+  } else {
+    text += "opcode " + std::to_string(command.opcode);
+  }
+  text += " on LU " + std::to_string(command.lu) + " nexus " + std::to_string(command.nexus);
+  if (command.retry && !completion) {
+    text += " (engine retry)";
+  }
+  if (completion) {
+    text += ": " + std::string(transport::to_string(command.outcome));
+    if (command.outcome == transport::Outcome::kCheckCondition) {
+      char sense[32];
+      (void)std::snprintf(sense, sizeof sense, " %x/%02x/%02x", command.sense_key, command.asc,
+                          command.ascq);
+      text += sense;
+    }
+  }
+  (void)run;
+  return text;
+}
+
+std::string describe(const Entry& entry) {
+  std::string text = format_time(entry.at) + " node " + std::to_string(entry.node) + " ";
+  switch (entry.kind) {
+    case EntryKind::kBoot: text += "daemon boots, start()"; break;
+    case EntryKind::kCrash: text += "daemon dies"; break;
+    case EntryKind::kPause: text += "pauses"; break;
+    case EntryKind::kResume: text += "resumes"; break;
+    case EntryKind::kLink: text += "links"; break;
+    case EntryKind::kAcquireCalled: text += "driver: acquire()"; break;
+    case EntryKind::kReleaseCalled: text += "driver: release()"; break;
+    case EntryKind::kOpDone:
+      text += std::string("operation done: ") +
+              (entry.ok ? std::string("ok") : std::string(to_string(entry.code)));
+      break;
+    case EntryKind::kRefused: text += "driver: refused"; break;
+    case EntryKind::kGate:
+      text += std::string("gate ") + (entry.open ? "OPEN" : "closed") + " verified_since " +
+              format_time(entry.verified_since);
+      break;
+    case EntryKind::kEvent: text += "event " + std::string(fence::to_string(entry.event)); break;
+    case EntryKind::kQuiet: text = format_time(entry.at) + " quiet phase"; break;
+  }
+  if (entry.key) {
+    text += " key " + format_key(*entry.key);
+  }
+  if (entry.other_key) {
+    text += " other " + format_key(*entry.other_key);
+  }
+  if (!entry.detail.empty()) {
+    text += ": " + entry.detail;
+  }
+  return text;
+}
+
+std::string describe(const Run& run, const PrOutRecord& record) {
+  std::string text = format_time(record.at) + " target LU " + std::to_string(record.lu) + " #" +
+                     std::to_string(record.sequence) + " " + prout_name(record.service_action) +
+                     " from nexus " + std::to_string(record.nexus) + " (node " +
+                     std::to_string(node_of(run, record.nexus)) + ") key " +
+                     format_key(record.key) + " sa " + format_key(record.sa_key) + ": " +
+                     outcome_text(record.outcome);
+  if (!record.unregistered.empty()) {
+    text += ", removed nexus";
+    for (const auto nexus : record.unregistered) {
+      text += " " + std::to_string(nexus);
+    }
+  }
+  text += ", holder now " + (record.reservation ? format_key(record.reservation->key) : "none");
+  return text;
+}
+
+std::string describe(const Run& run, const WriteRecord& record) {
+  std::string text = format_time(record.at) + " target LU " + std::to_string(record.lu) + " #" +
+                     std::to_string(record.sequence) + " WRITE id " + std::to_string(record.lba) +
+                     " from nexus " + std::to_string(record.nexus) + " (node " +
+                     std::to_string(node_of(run, record.nexus)) + "), accepted " +
+                     format_time(record.accepted_at) + ": " +
+                     (record.landed ? "LANDED" : outcome_text(record.outcome));
+  if (const auto issue = run.writes.find(record.lba); issue != run.writes.end()) {
+    text += ", stamped epoch " + std::to_string(issue->second.epoch());
+  }
+  return text;
+}
+
+std::string describe(const WriteIssue& write) {
+  return format_time(write.issued) + " node " + std::to_string(write.node) +
+         " writer issues write " + std::to_string(write.id) + " to LU " + std::to_string(write.lu) +
+         " via nexus " + std::to_string(write.nexus) + " with token " + format_key(write.key);
+}
+
+std::vector<std::string> timeline(const Run& run) {
+  // (time, rank, order): the driver's record before the target's at one instant.
+  std::vector<std::tuple<Time, int, std::uint64_t, std::string>> lines;
+  for (const Entry& entry : run.trace) {
+    lines.emplace_back(entry.at, 0, entry.seq, describe(entry));
+  }
+  for (const Command& command : run.commands) {
+    lines.emplace_back(command.submitted, 0, command.submitted_seq, describe(run, command, false));
+    if (command.completed) {
+      lines.emplace_back(command.completed_at, 0, command.completed_seq,
+                         describe(run, command, true));
+    }
+  }
+  for (const auto& [id, write] : run.writes) {
+    lines.emplace_back(write.issued, 1, id, describe(write));
+  }
+  for (const PrOutRecord& record : run.target->prouts) {
+    lines.emplace_back(record.at, 2, record.sequence, describe(run, record));
+  }
+  for (const WriteRecord& record : run.target->writes) {
+    lines.emplace_back(record.at, 2, record.sequence, describe(run, record));
+  }
+  std::sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) {
+    return std::tie(std::get<0>(a), std::get<1>(a), std::get<2>(a)) <
+           std::tie(std::get<0>(b), std::get<1>(b), std::get<2>(b));
+  });
+  std::vector<std::string> out;
+  out.reserve(lines.size());
+  for (auto& line : lines) {
+    out.push_back(std::move(std::get<3>(line)));
+  }
+  return out;
+}
+
+std::vector<Violation> check(const Run& run, std::vector<std::string>& notes) {
+  std::vector<Violation> violations;
+  const Replay replayed = replay(run, violations);
+  check_s1(run, replayed, violations, notes);
+  check_s2(run, violations);
+  Steps steps;
+  for (const std::uint16_t node : nodes_of(run)) {
+    steps.emplace(node, collect_steps(run, node));
+  }
+  check_s3(run, replayed, steps, violations);
+  check_s4(run, steps, violations);
+  check_s5(run, steps, violations);
+  check_l1(run, violations);
+  return violations;
+}
+
+}  // namespace blkfence::sim

@@ -1,0 +1,36 @@
+// The safety properties of DESIGN.md §4 (S1–S5), judged on the record of one simulated run
+// (tests/sim). The checker sees only what history.h records: the target's PR OUT and write
+// history, each node's commands as submitted and reaped, the driver's calls and the observers'
+// gates and events. Each property is stated precisely in checker.cc, above its check. Pure.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "history.h"
+
+namespace blkfence::sim {
+
+struct Violation {
+  std::string property;            // "S1" ... "S5", "L1", or "checker" (the record is inconsistent)
+  std::string what;                // one sentence
+  std::vector<std::string> lines;  // the history lines that show it
+};
+
+// The violations of the run. With run.allow_unreserved, an S1 write that landed while its LU had
+// no reservation at all is not a violation but a line in notes (README.md, known issue).
+std::vector<Violation> check(const Run& run, std::vector<std::string>& notes);
+
+// "12.345678s"
+std::string format_time(Time time);
+// "0x6c9d000100000007 (n1 e7)"
+std::string format_key(std::uint64_t key);
+std::string describe(const Run& run, const Command& command, bool completion);
+std::string describe(const Entry& entry);
+std::string describe(const Run& run, const transport::PrOutRecord& record);
+std::string describe(const Run& run, const transport::WriteRecord& record);
+std::string describe(const WriteIssue& write);
+// Every line of the run in time order: trace, commands, the target's PR OUTs and writes.
+std::vector<std::string> timeline(const Run& run);
+
+}  // namespace blkfence::sim

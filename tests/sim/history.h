@@ -1,0 +1,150 @@
+// What one simulated run leaves behind for the checker (tests/sim): every command each node's
+// daemon put on the wire and what it reaped, the driver's calls, the observer's gates and events,
+// the writers' stamped writes, and the target's own history of PR OUTs and writes.
+//
+// Everything carries one global sequence number, taken when it happened, so that the checker can
+// order a node's submissions, completions and events exactly even when they share a simulated
+// instant. The target's records carry their own sequence (SimTarget::history()), which orders PR
+// OUTs against writes on the target. Plain data; single-threaded like the simulation.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "blkfence/error.h"
+#include "blkfence/fence/resource.h"
+#include "blkfence/transport/sim_target.h"
+#include "blkfence/transport/transport.h"
+
+namespace blkfence::sim {
+
+using Time = std::chrono::nanoseconds;
+
+inline constexpr std::uint8_t kPrIn = 0x5e;
+inline constexpr std::uint8_t kPrOut = 0x5f;
+
+// One command a node's daemon submitted through its recording transport, and its completion as
+// the daemon reaped it.
+struct Command {
+  std::uint16_t node = 0;
+  std::uint32_t boot = 0;  // which run of the node's daemon (restarts count up)
+  transport::LuId lu = 0;
+  transport::NexusId nexus = 0;
+  std::uint8_t opcode = 0;
+  std::uint8_t action = 0;  // PR IN or PR OUT service action
+  std::uint8_t type = 0;    // PR OUT TYPE
+  std::uint64_t key = 0;    // PR OUT RESERVATION KEY
+  std::uint64_t sa_key = 0;
+  Time submitted{0};
+  std::uint64_t submitted_seq = 0;
+  bool completed = false;
+  Time completed_at{0};
+  std::uint64_t completed_seq = 0;
+  transport::Outcome outcome = transport::Outcome::kOsError;
+  std::uint8_t sense_key = 0;
+  std::uint8_t asc = 0;
+  std::uint8_t ascq = 0;
+  // The engine resubmitting a command that did not execute (it completed with a unit attention,
+  // BUSY, ...): the same decision, not a new one.
+  bool retry = false;
+  // Completed with an answer that says it did not execute and that the engine retries: UNIT
+  // ATTENTION (SAM-5 5.14), NOT READY becoming ready, BUSY, TASK SET FULL, TASK ABORTED, ABORTED
+  // COMMAND.
+  bool not_executed = false;
+
+  bool is_prout() const { return opcode == kPrOut; }
+  bool is_prin() const { return opcode == kPrIn; }
+  bool is(codec::PrOutAction a) const {
+    return is_prout() && action == static_cast<std::uint8_t>(a);
+  }
+  // REGISTER or REGISTER AND IGNORE EXISTING KEY that puts a key in place (not an unregister).
+  bool registers() const {
+    return (is(codec::PrOutAction::kRegister) ||
+            is(codec::PrOutAction::kRegisterAndIgnoreExistingKey)) &&
+           sa_key != 0;
+  }
+};
+
+// A LU as the target had it at one moment (read directly, no command involved).
+struct LuState {
+  std::optional<std::uint64_t> holder;
+  std::vector<transport::SimRegistration> registrations;
+};
+
+enum class EntryKind : std::uint8_t {
+  kBoot,   // the daemon was created and start() called
+  kCrash,  // the daemon was destroyed (its commands in flight carry on)
+  kPause,  // the daemon stops processing (detail says whether the writer froze too)
+  kResume,
+  kLink,           // the node's links to some LUs changed (detail)
+  kAcquireCalled,  // the driver called acquire() and it was not refused at once
+  kReleaseCalled,
+  kOpDone,   // an acquire/release finished (ok, code, detail)
+  kRefused,  // the driver asked for an operation while another ran: refused (kBusy)
+  kGate,     // the observer's on_gate (open, verified_since, key, and the target at that moment)
+  kEvent,    // the observer's on_event
+  kQuiet,    // the scenario ended: faults and pauses off, links up
+};
+
+struct Entry {
+  std::uint64_t seq = 0;
+  Time at{0};
+  std::uint16_t node = 0;
+  EntryKind kind = EntryKind::kBoot;
+  bool open = false;  // kGate
+  bool ok = false;    // kOpDone
+  ErrorCode code = ErrorCode::kInvalidArgument;
+  Time verified_since{0};
+  std::optional<std::uint64_t> key;  // the resource's key when it happened
+  std::optional<std::uint64_t> other_key;
+  fence::EventKind event = fence::EventKind::kStateKnown;
+  std::vector<LuState> target;  // kGate with open: every LU at that moment
+  std::string detail;
+};
+
+// One write a node's writer issued while its gate was open: the LBA is the write's id, and the
+// block holds the node id, the epoch of the writer's token and the id.
+struct WriteIssue {
+  std::uint64_t id = 0;
+  std::uint16_t node = 0;
+  std::uint64_t key = 0;  // the token the writer held
+  transport::LuId lu = 0;
+  transport::NexusId nexus = 0;
+  Time issued{0};
+  std::uint32_t epoch() const { return static_cast<std::uint32_t>(key); }
+};
+
+struct NodeEnd {
+  std::uint16_t node = 0;
+  bool alive = false;
+  bool gate_open = false;
+  std::optional<std::uint64_t> key;
+  std::string state;
+};
+
+struct Run {
+  std::uint64_t seed = 0;
+  std::uint16_t cluster_id = 0;
+  std::size_t lus = 0;
+  bool preempt_abort = false;
+  bool strict_epochs = false;     // also check that fresh acquisitions of all nodes increase
+  bool allow_unreserved = false;  // S1 landings on a LU without a reservation are notes
+  Time check_interval{0};
+  Time lease{0};
+  Time command_timeout{0};
+  Time end{0};
+  std::map<transport::NexusId, std::uint16_t> node_of_nexus;
+  std::vector<Command> commands;
+  std::vector<Entry> trace;
+  std::map<std::uint64_t, WriteIssue> writes;  // by id (= LBA)
+  const transport::SimHistory* target = nullptr;
+  std::vector<LuState> final_lus;
+  std::vector<NodeEnd> final_nodes;
+  std::vector<std::string> notes;  // not violations: printed with --verbose, counted
+};
+
+}  // namespace blkfence::sim
