@@ -134,7 +134,11 @@ Result<std::vector<ResolvedPath>> resolve_wwn(const std::string& wwn, const Disc
     if (lu_identity(device_dir, hctl) != wwn) {
       continue;
     }
-    auto path = path_of_scsi_device(device_dir, env, wwn + " (path " + hctl + ")");
+    std::string what = wwn;
+    what += " (path ";
+    what += hctl;
+    what += ")";
+    auto path = path_of_scsi_device(device_dir, env, what);
     if (!path) {
       return tl::unexpected(path.error());
     }
