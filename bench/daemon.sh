@@ -21,9 +21,8 @@
 #                 "acquired" log record, the start elapsed_ms before it); and A's own "gate closed"
 #                 log record from the same two ("gate-from-daemon-start", "gate-from-daemon-end").
 #                 B's PREEMPT lands inside its operation, so start and end bound the detection
-#                 latency from both sides. B's
-#                 acquire is issued after a random pause of 0-250 ms, at a random phase of A's
-#                 checks. Verified: A's status is fenced, by B's key.
+#                 latency from both sides. B's acquire is issued after a random pause of 0-250 ms,
+#                 at a random phase of A's checks. Verified: A's status is fenced, by B's key.
 #   monitor-cpu   A alone holds the largest N LUs at 4 Hz; utime + stime ("monitor-cpu") and stime
 #                 alone ("monitor-cpu-kernel") of its blkfenced from /proc/PID/stat over a
 #                 $BENCH_CPU_SECONDS (60) s window, as % of one core, with transport = "uring" and
@@ -185,7 +184,7 @@ fenced_at() {
   return 1
 }
 
-# acquire_runs PREEMPT N: B acquires db from A, $repeats times.
+# acquire_runs PREEMPT N: B acquires db from A, $acquire_repeats times.
 acquire_runs() {
   local preempt=$1 n=$2 action=acquire-${1/preempt-and-abort/preempt-abort}
   local detect=detect-${1/preempt-and-abort/preempt-abort}

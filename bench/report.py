@@ -81,9 +81,10 @@ def main():
         print("\nHow to read the daemon goals. *Acquire*: the operation sends four batches one "
               "after the other (read keys and reservations, register, take, verify; the fifth "
               "step, removing other registrations, has nothing to do here), and the read and "
-              "verify batches carry two commands per LU, so four raw round trips is its floor; "
-              "what the daemon adds is its own work per command and step, which TCG "
-              "inflates like all CPU work. *Detection*: a check that starts just before the "
+              "verify batches carry two commands per LU, so it costs about four raw round trips "
+              "plus the daemon's own work per command and step, which TCG inflates like all CPU "
+              "work (both sides are medians of noisy runs, and the raw RT is measured in a "
+              "separate process, so a ratio somewhat below 4 is possible). *Detection*: a check that starts just before the "
               "preempt still reads the old state; the next one starts one check_interval after "
               "it, meets a unit attention (registrations preempted) on every LU, which the engine "
               "retries, and decides when its whole batch has answered: one check_interval plus "
@@ -357,7 +358,7 @@ def daemon_section(rows, goals, lab_out):
             glo, ghi, ghi_max = bounds("gate-")
             gate = (f"; A's gate closed (its log) between {glo * 1000:.0f} and {ghi * 1000:.0f} ms, "
                     f"at most {ghi_max * 1000:.0f}" if glo is not None and ghi is not None else "")
-            goals.append(f"- Detection ({label}, {n} LUs) within check_interval + one round trip "
+            goals.append(f"- Detection ({label}, {n} LU{'s' if n > 1 else ''}) within check_interval + one round trip "
                          f"({goal * 1000:.0f} ms): the watch saw `fenced` between "
                          f"{lo * 1000:.0f} and {hi * 1000:.0f} ms after B's preempt (medians of "
                          f"the bounds; upper bound at most {hi_max * 1000:.0f} ms){gate} "
