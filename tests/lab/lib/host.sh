@@ -100,12 +100,29 @@ lab_build_initramfs() {
   rm -rf "$dir"
 }
 
+# lab_accel: kvm when /dev/kvm is there and a VM actually starts on it, else tcg;
+# BLKFENCE_LAB_ACCEL=tcg|kvm overrides. Some hosts expose a /dev/kvm that cannot run this guest
+# (nested virtualisation refusing an MSR: qemu aborts at once), so an empty VM is started first: if
+# it is still running after 3 s, KVM works.
+lab_accel() {
+  if [[ -n ${BLKFENCE_LAB_ACCEL:-} ]]; then
+    echo "$BLKFENCE_LAB_ACCEL"
+    return
+  fi
+  [[ -r /dev/kvm && -w /dev/kvm ]] || { echo tcg; return; }
+  local rc=0
+  # bash reports a child killed by SIGABRT on its own stderr: silenced around the whole command.
+  { timeout 3 qemu-system-x86_64 -machine q35,accel=kvm -cpu max -m 256 -nodefaults -display none \
+    -no-reboot </dev/null >/dev/null 2>&1 || rc=$?; } 2>/dev/null
+  if ((rc == 124)); then echo kvm; else echo tcg; fi
+}
+
 # lab_boot OUT_DIR INTERACTIVE TIMEOUT_S: boots the guest with the host root read-only and OUT_DIR
 # writable; OUT_DIR/job.env tells the guest what to do. Returns qemu's exit status.
 lab_boot() {
   local out=$1 interactive=$2 timeout_s=$3
-  local accel=tcg
-  [[ -r /dev/kvm && -w /dev/kvm ]] && accel=kvm
+  local accel
+  accel=$(lab_accel)
   local -a console=(-serial "file:$out/console.log")
   if [[ $interactive == 1 ]]; then console=(-serial mon:stdio); fi
   local -a qemu=(
