@@ -263,7 +263,10 @@ int run(int argc, char** argv) {
       "verify every LU, open the gate. Patroni's pre_promote runs this",
       true);
   CLI::App* release = daemon_command(
-      "release", "Close the gate (stopping the gated units), then release and unregister", true);
+      "release",
+      "Close the gate (stopping the gated units) and give the token up; in exclusive mode the key "
+      "keeps the reservation until the next acquire elsewhere preempts it",
+      true);
   CLI::App* unfence = daemon_command(
       "unfence", "Shared mode: register this node on every LU (and reserve if nobody has)", true);
   CLI::App* fence = daemon_command(

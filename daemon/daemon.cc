@@ -451,6 +451,9 @@ std::string Daemon::metrics_text() const {
        [](const fence::Resource& r) { return static_cast<double>(r.counters().lost_contact); });
   each("blkfence_unit_attentions_total", "counter", "Unit attentions met by monitor reads.",
        [](const fence::Resource& r) { return static_cast<double>(r.counters().unit_attentions); });
+  each("blkfence_strays_preempted_total", "counter",
+       "Monitor rounds that preempted lower-ranked keys of this cluster beside our reservation.",
+       [](const fence::Resource& r) { return static_cast<double>(r.counters().strays_preempted); });
   each("blkfence_check_failures_total", "counter", "Monitor rounds that could not read every LU.",
        [](const fence::Resource& r) { return static_cast<double>(r.counters().check_failures); });
   family("blkfence_check_latency_seconds", "summary", "Monitor round latency (all LUs at once).");

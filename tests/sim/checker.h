@@ -17,9 +17,8 @@ struct Violation {
   std::vector<std::string> lines;  // the history lines that show it
 };
 
-// The violations of the run. With run.allow_unreserved, an S1 write that landed while its LU had
-// no reservation at all is not a violation but a line in notes (README.md, known issue).
-std::vector<Violation> check(const Run& run, std::vector<std::string>& notes);
+// The violations of the run.
+std::vector<Violation> check(const Run& run);
 
 // "12.345678s"
 std::string format_time(Time time);

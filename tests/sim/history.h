@@ -131,8 +131,7 @@ struct Run {
   std::uint16_t cluster_id = 0;
   std::size_t lus = 0;
   bool preempt_abort = false;
-  bool strict_epochs = false;     // also check that fresh acquisitions of all nodes increase
-  bool allow_unreserved = false;  // S1 landings on a LU without a reservation are notes
+  bool strict_epochs = false;  // also check that fresh acquisitions of all nodes increase
   Time check_interval{0};
   Time lease{0};
   Time command_timeout{0};

@@ -67,7 +67,6 @@ struct Cli {
   bool verbose = false;
   bool expect_violation = false;
   bool strict_epochs = false;
-  bool allow_unreserved = false;
   std::string program = "blkfence_sim";
 };
 
@@ -219,7 +218,6 @@ struct Stats {
   std::uint64_t writes_landed = 0;
   std::uint64_t writes_refused = 0;
   std::uint64_t stray_registrations = 0;
-  std::uint64_t unreserved_landings = 0;  // with --allow-unreserved
   std::uint64_t violating_seeds = 0;
 
   void add(const Stats& other) {
@@ -232,7 +230,6 @@ struct Stats {
     writes_landed += other.writes_landed;
     writes_refused += other.writes_refused;
     stray_registrations += other.stray_registrations;
-    unreserved_landings += other.unreserved_landings;
     violating_seeds += other.violating_seeds;
   }
 };
@@ -874,7 +871,6 @@ World::World(const Cli& cli, std::uint64_t seed)
   record_.lus = config_.lus;
   record_.preempt_abort = config_.preempt_abort;
   record_.strict_epochs = cli.strict_epochs;
-  record_.allow_unreserved = cli.allow_unreserved;
   record_.check_interval = config_.check_interval;
   record_.lease = config_.lease;
   record_.command_timeout = config_.command_timeout;
@@ -1205,9 +1201,7 @@ std::vector<Violation> World::run() {
     }
     record_.final_nodes.push_back(end_state);
   }
-  std::vector<std::string> notes;
-  auto checked = check(record_, notes);
-  record_.notes.insert(record_.notes.end(), notes.begin(), notes.end());
+  auto checked = check(record_);
   violations.insert(violations.end(), checked.begin(), checked.end());
   return violations;
 }
@@ -1224,13 +1218,7 @@ Stats World::stats() const {
       s.lost_contacts += entry.event == fence::EventKind::kLostContact ? 1 : 0;
     }
   }
-  for (const std::string& note : record_.notes) {
-    if (note.rfind("unreserved landing", 0) == 0) {
-      ++s.unreserved_landings;
-    } else {
-      ++s.stray_registrations;
-    }
-  }
+  s.stray_registrations = record_.notes.size();
   for (const auto& node : nodes_) {
     s.writes_landed += node->writes_landed;
     s.writes_refused += node->writes_refused;
@@ -1248,9 +1236,6 @@ std::string replay_command(const Cli& cli, std::uint64_t seed) {
   }
   if (cli.strict_epochs) {
     text += " --strict-epochs";
-  }
-  if (cli.allow_unreserved) {
-    text += " --allow-unreserved";
   }
   return text + " --verbose";
 }
@@ -1287,11 +1272,10 @@ bool parse_number(const char* text, std::uint64_t& out) {
 }
 
 int usage(const char* program) {
-  (void)std::fprintf(
-      stderr,
-      "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
-      "          [--verbose] [--expect-violation] [--strict-epochs] [--allow-unreserved]\n",
-      program);
+  (void)std::fprintf(stderr,
+                     "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
+                     "          [--verbose] [--expect-violation] [--strict-epochs]\n",
+                     program);
   return 2;
 }
 
@@ -1308,8 +1292,6 @@ int run_main(int argc, char** argv) {
       cli.expect_violation = true;
     } else if (arg == "--strict-epochs") {
       cli.strict_epochs = true;
-    } else if (arg == "--allow-unreserved") {
-      cli.allow_unreserved = true;
     } else if (arg == "--seed" && has_value && parse_number(argv[++i], value)) {
       cli.seed = value;
     } else if (arg == "--seeds" && has_value && parse_number(argv[++i], value) && value > 0) {
@@ -1376,12 +1358,11 @@ int run_main(int argc, char** argv) {
   std::printf("blkfence_sim: seeds %" PRIu64 " (from %" PRIu64
               "), simulated %.1f s, commands %" PRIu64 ", acquisitions %" PRIu64 ", fences %" PRIu64
               ", lost contact %" PRIu64 ", writes landed %" PRIu64 " refused %" PRIu64
-              ", stray registrations %" PRIu64 ", unreserved landings allowed %" PRIu64
-              ", violating seeds %" PRIu64 "\n",
+              ", stray registrations %" PRIu64 ", violating seeds %" PRIu64 "\n",
               total.seeds, first, static_cast<double>(total.simulated.count()) / 1e9,
               total.commands, total.acquisitions, total.fences, total.lost_contacts,
               total.writes_landed, total.writes_refused, total.stray_registrations,
-              total.unreserved_landings, total.violating_seeds);
+              total.violating_seeds);
   if (cli.expect_violation) {
     if (first_violation) {
       std::printf("blkfence_sim: expected a violation and found one at seed %" PRIu64

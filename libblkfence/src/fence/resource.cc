@@ -296,6 +296,9 @@ void Resource::probe_read(Reads reads, Time now) {
     end(fail(ErrorCode::kIndeterminate, detail_), now);
     return;
   }
+  // The epoch of the last key this node registered and did not give up (acquire stores it before
+  // registering; release and a failed acquire store one more).
+  const std::uint32_t stored = high_water_;
   // S3: no key this node has used on these LUs may be reused.
   for (const auto& lu : reads.lus) {
     for (const std::uint64_t k : lu.keys->keys) {
@@ -306,7 +309,7 @@ void Resource::probe_read(Reads reads, Time now) {
   }
   if (options_.mode == Mode::kExclusive) {
     const std::optional<std::uint64_t> holder = reads.holder(0);
-    bool adopt = holder && ours(*holder);
+    bool adopt = holder && ours(*holder) && static_cast<std::uint32_t>(*holder) == stored;
     for (std::size_t i = 0; adopt && i < reads.lus.size(); ++i) {
       adopt = reads.holder(i) == holder && reads.others(i, *holder).empty() &&
               reads.registered(i, *holder);
@@ -348,6 +351,14 @@ void Resource::probe_read(Reads reads, Time now) {
   }
   std::string detail = "not held by this node";
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    if (holder && ours(*holder)) {
+      // Given up (release, a failed acquire) or never verified: the next acquirer preempts it.
+      detail = "key " + hex(*holder) + " of this node holds " + options_.lus[i].name +
+               " but is not the current token (stored epoch " + std::to_string(stored) +
+               "); left as it is, gate closed";
+      break;
+    }
     for (const std::uint64_t k : reads.lus[i].keys->keys) {
       if (ours(k)) {
         // S5: whatever it is, it is not ours to repair without being asked.
@@ -390,6 +401,8 @@ void Resource::acquire(Time now, Done done) {
     return;
   }
   begin(Op::kAcquire, std::move(done));
+  uncertain_.assign(options_.lus.size(), false);
+  leftover_.reset();  // the new key replaces it on every path
   const State before = state_;
   set_gate(false, now);
   set_state(State::kAcquiring, "reading keys and reservations");
@@ -400,50 +413,58 @@ void Resource::acquire(Time now, Done done) {
     return;
   }
   high_water_ = std::max(high_water_, *stored);
-  read_all(true, now, [this, before](Reads reads, Time at) {
-    if (!reads.ok()) {
-      set_state(before == State::kFenced ? State::kFenced : State::kReleased,
-                "acquire failed: " + reads.errors(options_.lus));
-      end(fail(ErrorCode::kIndeterminate,
-               "acquire of " + options_.name +
-                   ": cannot read the LUs: " + reads.errors(options_.lus)),
-          at);
-      return;
-    }
-    std::uint32_t epoch = high_water_;
-    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-      std::vector<std::uint64_t> seen = reads.lus[i].keys->keys;
-      // READ KEYS and READ RESERVATION are two commands: a racer may have registered and taken
-      // the LU between them, so its key can be in the reservation only (S3).
-      if (const auto holder = reads.holder(i)) {
-        seen.push_back(*holder);
+  after_monitor_prouts(now, [this, before](Time from) {
+    read_all(true, from, [this, before](Reads reads, Time at) {
+      if (!reads.ok()) {
+        set_state(before == State::kFenced ? State::kFenced : State::kReleased,
+                  "acquire failed: " + reads.errors(options_.lus));
+        end(fail(ErrorCode::kIndeterminate,
+                 "acquire of " + options_.name +
+                     ": cannot read the LUs: " + reads.errors(options_.lus)),
+            at);
+        return;
       }
-      for (const std::uint64_t k : seen) {
-        if ((k >> 48U) == options_.cluster_id) {
-          epoch = std::max(epoch, static_cast<std::uint32_t>(k));
-        }
-      }
-    }
-    if (epoch == UINT32_MAX) {
-      set_state(State::kReleased, "the epoch space is exhausted");
-      end(fail(ErrorCode::kInvalidArgument,
-               "acquire of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),
-          at);
-      return;
-    }
-    const Key key = key_for(epoch + 1);
-    // S3: durable before the key exists anywhere, so no restart can reuse it.
-    if (auto stored_epoch = epochs_.store(options_.name, key.epoch()); !stored_epoch) {
-      set_state(State::kReleased, "cannot store the epoch");
-      end(tl::unexpected(stored_epoch.error()), at);
-      return;
-    }
-    high_water_ = key.epoch();
-    key_ = key;
-    fenced_by_.reset();
-    set_state(State::kAcquiring, "registering " + key.to_string());
-    acquire_register(key, std::move(reads), at);
+      acquire_draw(std::move(reads), 0, at);
+    });
   });
+}
+
+// Draws the epoch from what reads showed (S3: above every key of this cluster seen and the stored
+// high-water mark), stores it, and registers the new key on every path.
+void Resource::acquire_draw(Reads reads, int round, Time at) {
+  std::uint32_t epoch = high_water_;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    std::vector<std::uint64_t> seen = reads.lus[i].keys->keys;
+    // READ KEYS and READ RESERVATION are two commands: a racer may have registered and taken
+    // the LU between them, so its key can be in the reservation only (S3).
+    if (const auto holder = reads.holder(i)) {
+      seen.push_back(*holder);
+    }
+    for (const std::uint64_t k : seen) {
+      if ((k >> 48U) == options_.cluster_id) {
+        epoch = std::max(epoch, static_cast<std::uint32_t>(k));
+      }
+    }
+  }
+  if (epoch == UINT32_MAX) {
+    set_state(State::kReleased, "the epoch space is exhausted");
+    end(fail(ErrorCode::kInvalidArgument,
+             "acquire of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),
+        at);
+    return;
+  }
+  const Key key = key_for(epoch + 1);
+  // S3: durable before the key exists anywhere, so no restart can reuse it.
+  if (auto stored_epoch = epochs_.store(options_.name, key.epoch()); !stored_epoch) {
+    set_state(State::kReleased, "cannot store the epoch");
+    end(tl::unexpected(stored_epoch.error()), at);
+    return;
+  }
+  high_water_ = key.epoch();
+  key_ = key;
+  fenced_by_.reset();
+  set_state(State::kAcquiring, "registering " + key.to_string());
+  acquire_register(key, std::move(reads), round, at);
 }
 
 namespace {
@@ -459,7 +480,7 @@ std::string first_error(const std::vector<pr::Response>& responses) {
 
 }  // namespace
 
-void Resource::acquire_register(Key key, Reads reads, Time now) {
+void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
   std::vector<pr::Request> requests;
   for (const auto& lu : options_.lus) {
     for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
@@ -468,14 +489,25 @@ void Resource::acquire_register(Key key, Reads reads, Time now) {
     }
   }
   run(std::move(requests), now,
-      [this, key, reads = std::move(reads)](const std::vector<pr::Response>& responses,
-                                            Time at) mutable {
+      [this, key, round, reads = std::move(reads)](const std::vector<pr::Response>& responses,
+                                                   Time at) mutable {
         if (const std::string error = first_error(responses); !error.empty()) {
           acquire_failed(key, "register: " + error, at);
           return;
         }
-        acquire_take(key, std::move(reads), 0, at);
+        acquire_take(key, std::move(reads), round, at);
       });
+}
+
+// A PREEMPT or RESERVE that timed out may still execute, and make our key the holder, at any time
+// until the target has answered or aborted it; acquire_failed must not unregister there.
+void Resource::note_uncertain(const std::vector<pr::Response>& responses,
+                              const std::vector<std::size_t>& lu_of) {
+  for (std::size_t r = 0; r < responses.size(); ++r) {
+    if (!responses[r].data && responses[r].data.error().code() == ErrorCode::kIndeterminate) {
+      uncertain_[lu_of[r]] = true;
+    }
+  }
 }
 
 codec::PrOutCommand Resource::take_command(Key key, std::uint64_t victim) const {
@@ -484,13 +516,31 @@ codec::PrOutCommand Resource::take_command(Key key, std::uint64_t victim) const 
 }
 
 void Resource::acquire_take(Key key, Reads reads, int round, Time now) {
+  for (std::size_t i = 0; i < options_.lus.size(); ++i) {
+    // A key of another node of this cluster with an epoch as high as ours holds: it registered
+    // after our read, and it may well have opened its gate already. Taking over with our key
+    // would give two tokens the same epoch (BLKFENCE_EPOCH must order them, S3); draw a new one,
+    // above it, and register that instead.
+    const auto holder = reads.holder(i);
+    if (holder && !ours(*holder) && (*holder >> 48U) == options_.cluster_id &&
+        static_cast<std::uint32_t>(*holder) >= key.epoch()) {
+      if (round + 1 >= options_.verify_rounds_max) {
+        acquire_failed(key, "take: " + options_.lus[i].name + " is held by " + hex(*holder), now);
+        return;
+      }
+      acquire_draw(std::move(reads), round + 1, now);
+      return;
+    }
+  }
   set_state(State::kAcquiring, "taking the reservation with " + key.to_string());
   std::vector<pr::Request> requests;
+  std::vector<std::size_t> lu_of;
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     const auto holder = reads.holder(i);
     if (holder == key.value()) {
       continue;
     }
+    lu_of.push_back(i);
     // An older key of our own holds (an acquire after lost contact, or after one that failed past
     // this step): the register step moved our holding nexus to the new key, so there is nothing
     // left to preempt (a PREEMPT of the old key would find no registration and conflict).
@@ -505,8 +555,9 @@ void Resource::acquire_take(Key key, Reads reads, int round, Time now) {
     }
   }
   run(std::move(requests), now,
-      [this, key, round, reads = std::move(reads)](const std::vector<pr::Response>& responses,
-                                                   Time at) {
+      [this, key, round, reads = std::move(reads), lu_of](
+          const std::vector<pr::Response>& responses, Time at) {
+        note_uncertain(responses, lu_of);
         if (const std::string error = first_error(responses); !error.empty()) {
           // Someone moved first, or the answer is unknown (S4): the verify reads again and decides
           // whether a racer outranks us (we lost) or not (take those LUs back).
@@ -523,12 +574,14 @@ void Resource::acquire_take(Key key, Reads reads, int round, Time now) {
 
 void Resource::acquire_preempt_others(Key key, const Reads& reads, int round, Time now) {
   std::vector<pr::Request> requests;
+  std::vector<std::size_t> lu_of;
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     const auto holder = reads.holder(i);
     for (const std::uint64_t other : reads.others(i, key.value())) {
       if (holder == other) {
         continue;  // preempted in the take step with its registrations
       }
+      lu_of.push_back(i);
       requests.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other),
                                               "PREEMPT (other registrant)"));
     }
@@ -539,9 +592,11 @@ void Resource::acquire_preempt_others(Key key, const Reads& reads, int round, Ti
   }
   set_state(State::kAcquiring, "removing other registrations");
   // A conflict here means the key went away meanwhile; the verify read decides (S4).
-  run(std::move(requests), now, [this, key, round](const std::vector<pr::Response>&, Time at) {
-    acquire_verify(key, round, at);
-  });
+  run(std::move(requests), now,
+      [this, key, round, lu_of](const std::vector<pr::Response>& responses, Time at) {
+        note_uncertain(responses, lu_of);
+        acquire_verify(key, round, at);
+      });
 }
 
 void Resource::acquire_verify(Key key, int round, Time now) {
@@ -608,22 +663,30 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
   // S4: whatever failed may still have executed; read the state before deciding anything.
   read_all(true, now, [this, key, why = std::move(why)](Reads reads, Time at) {
     std::vector<pr::Request> cleanup;
+    std::string left;
     std::optional<std::uint64_t> winner;
     for (std::size_t i = 0; i < reads.lus.size(); ++i) {
       const auto holder = reads.holder(i);
-      if (holder && *holder != key.value()) {
-        winner = holder;
+      if (!holder || *holder == key.value()) {
+        continue;  // ours, or nobody's: the key keeps it, gate closed, as after a release
       }
+      winner = holder;
       // Lost on this LU, and our key is registered there (or its keys could not be read, and a
       // REGISTER of ours may have executed, S4): our registration would let this node write under
-      // the winner's reservation, so take it back. Unregistering a key that is not there only
-      // conflicts.
-      const bool lost = holder && *holder != key.value();
-      if (lost && (!reads.lus[i].keys || reads.registered(i, key.value()))) {
-        for (auto& request : pr::prout_every_path(
-                 options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
-          cleanup.push_back(std::move(request));
-        }
+      // the winner's reservation, so take it back. Not where a PREEMPT or RESERVE of ours timed
+      // out: should it execute before the unregister, we would be the holder, and unregistering
+      // the holder drops the reservation, which lets every nexus write (S1). There the key stays
+      // registered; the monitor takes it back once that command can no longer execute.
+      if (reads.lus[i].keys && !reads.registered(i, key.value())) {
+        continue;
+      }
+      if (uncertain_[i]) {
+        left += (left.empty() ? "" : ", ") + options_.lus[i].name;
+        continue;
+      }
+      for (auto& request : pr::prout_every_path(
+               options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+        cleanup.push_back(std::move(request));
       }
     }
     std::string detail = "acquire with " + key.to_string() + " failed: " + why;
@@ -633,6 +696,15 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
     const ErrorCode code = winner ? ErrorCode::kLost : ErrorCode::kIndeterminate;
     if (winner) {
       detail += "; " + hex(*winner) + " holds it";
+    }
+    if (!left.empty()) {
+      detail += "; " + key.to_string() + " stays registered on " + left +
+                " until a PREEMPT of ours that timed out can no longer execute";
+      leftover_ = Leftover{.key = key, .after = at + late_execution_horizon()};
+    }
+    if (auto given_up = give_up(key); !given_up) {
+      detail += "; and storing the epoch failed (a restart could adopt " + key.to_string() +
+                "): " + given_up.error().message();
     }
     const auto finish = [this, code, detail](Time when) {
       set_state(State::kReleased, detail);
@@ -647,6 +719,12 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
   });
 }
 
+// How long after an acquire failed a PR OUT of it that timed out is assumed unable to execute any
+// more: the initiator aborts a timed-out command (SCSI error handling), so twice its timeout.
+Time Resource::late_execution_horizon() const {
+  return 2 * std::chrono::duration_cast<Time>(engine_.policy().command_timeout);
+}
+
 // --- release -------------------------------------------------------------------------------------
 
 void Resource::release(Time now, Done done) {
@@ -656,7 +734,7 @@ void Resource::release(Time now, Done done) {
     return;
   }
   begin(Op::kRelease, std::move(done));
-  // The writer stops before the reservation goes (DESIGN.md §4, release).
+  // The writer stops before anything else happens (DESIGN.md §4, release).
   set_gate(false, now);
   if (!key_) {
     set_state(State::kReleased, "released (this node held no key)");
@@ -665,41 +743,81 @@ void Resource::release(Time now, Done done) {
     return;
   }
   const Key key = *key_;
+  if (options_.mode == Mode::kShared) {
+    release_shared(key, now);
+    return;
+  }
+  // Exclusive: the token is given up here, not on the target. Dropping the reservation would let
+  // every nexus write, a node preempted a moment ago that has not noticed yet included (S1), and
+  // the LUs would forget the epoch (S3). So the key keeps the reservation, with the gate closed,
+  // until the next acquirer preempts it as it preempts any holder; and the store moves one past it
+  // so that a restart does not adopt a key that was given up (docs/protocol.md, release).
+  if (auto given_up = give_up(key); !given_up) {
+    set_state(State::kReleased, "released " + key.to_string() +
+                                    ", but the epoch store failed: a restart would adopt it again");
+    emit(EventKind::kReleased, detail_);
+    end(fail(given_up.error().code(), "release of " + options_.name + ": " + detail_ + " (" +
+                                          given_up.error().message() + ")"),
+        now);
+    return;
+  }
+  set_state(State::kReleased, "released " + key.to_string() +
+                                  ": gate closed; the key keeps the reservation until another "
+                                  "node acquires");
+  emit(EventKind::kReleased, detail_);
+  key_.reset();
+  end(key, now);
+}
+
+Result<void> Resource::give_up(Key key) {
+  if (key.epoch() == UINT32_MAX || high_water_ > key.epoch()) {
+    return {};  // nothing above it can be adopted; the exhausted space refuses acquires anyway
+  }
+  if (auto stored = epochs_.store(options_.name, key.epoch() + 1); !stored) {
+    return stored;
+  }
+  high_water_ = key.epoch() + 1;
+  return {};
+}
+
+void Resource::release_shared(Key key, Time now) {
   set_state(State::kReleasing, "releasing " + key.to_string());
   std::vector<pr::Request> releases;
   for (const auto& lu : options_.lus) {
     releases.push_back(
         pr::prout_first_path(lu, codec::prout_release(key.value(), options_.type), "RELEASE"));
   }
-  run(std::move(releases), now, [this, key](const std::vector<pr::Response>&, Time at) {
-    std::vector<pr::Request> unregisters;
-    for (const auto& lu : options_.lus) {
-      for (auto& request : pr::prout_every_path(lu, codec::prout_register(key.value(), 0),
-                                                "REGISTER (unregister)")) {
-        unregisters.push_back(std::move(request));
+  after_monitor_prouts(now, [this, key, releases = std::move(releases)](Time from) mutable {
+    run(std::move(releases), from, [this, key](const std::vector<pr::Response>&, Time at) {
+      std::vector<pr::Request> unregisters;
+      for (const auto& lu : options_.lus) {
+        for (auto& request : pr::prout_every_path(lu, codec::prout_register(key.value(), 0),
+                                                  "REGISTER (unregister)")) {
+          unregisters.push_back(std::move(request));
+        }
       }
-    }
-    run(std::move(unregisters), at, [this, key](const std::vector<pr::Response>&, Time done_at) {
-      // RESERVATION CONFLICT means the key was already gone; read back to report the truth.
-      read_all(true, done_at, [this, key](Reads reads, Time read_at) {
-        std::string left;
-        for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-          if (!reads.lus[i].error.empty() || reads.registered(i, key.value())) {
-            left += (left.empty() ? "" : ", ") + options_.lus[i].name;
+      run(std::move(unregisters), at, [this, key](const std::vector<pr::Response>&, Time done_at) {
+        // RESERVATION CONFLICT means the key was already gone; read back to report the truth.
+        read_all(true, done_at, [this, key](Reads reads, Time read_at) {
+          std::string left;
+          for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+            if (!reads.lus[i].error.empty() || reads.registered(i, key.value())) {
+              left += (left.empty() ? "" : ", ") + options_.lus[i].name;
+            }
           }
-        }
-        if (left.empty()) {
-          set_state(State::kReleased, "released " + key.to_string());
+          if (left.empty()) {
+            set_state(State::kReleased, "released " + key.to_string());
+            emit(EventKind::kReleased, detail_);
+            key_.reset();
+            end(key, read_at);
+            return;
+          }
+          set_state(State::kReleased,
+                    "released, but " + key.to_string() + " may still be registered on " + left);
           emit(EventKind::kReleased, detail_);
-          key_.reset();
-          end(key, read_at);
-          return;
-        }
-        set_state(State::kReleased,
-                  "released, but " + key.to_string() + " may still be registered on " + left);
-        emit(EventKind::kReleased, detail_);
-        end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_),
-            read_at);
+          end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_),
+              read_at);
+        });
       });
     });
   });
@@ -727,13 +845,16 @@ void Resource::unfence(Time now, Done done) {
       requests.push_back(std::move(request));
     }
   }
-  run(std::move(requests), now, [this, key](const std::vector<pr::Response>& responses, Time at) {
-    if (const std::string error = first_error(responses); !error.empty()) {
-      set_state(State::kReleased, "unfence failed: " + error);
-      end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error), at);
-      return;
-    }
-    unfence_reserve(key, at);
+  after_monitor_prouts(now, [this, key, requests = std::move(requests)](Time from) mutable {
+    run(std::move(requests), from,
+        [this, key](const std::vector<pr::Response>& responses, Time at) {
+          if (const std::string error = first_error(responses); !error.empty()) {
+            set_state(State::kReleased, "unfence failed: " + error);
+            end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error), at);
+            return;
+          }
+          unfence_reserve(key, at);
+        });
   });
 }
 
@@ -798,14 +919,16 @@ void Resource::fence_node(std::uint16_t node_id, Time now, Done done) {
     return;
   }
   begin(Op::kFence, std::move(done));
-  read_all(true, now, [this, node_id](const Reads& reads, Time at) {
-    if (!reads.ok()) {
-      end(fail(ErrorCode::kIndeterminate, "fence of node " + std::to_string(node_id) +
-                                              ": cannot read " + reads.errors(options_.lus)),
-          at);
-      return;
-    }
-    fence_preempt(node_id, reads, at);
+  after_monitor_prouts(now, [this, node_id](Time from) {
+    read_all(true, from, [this, node_id](const Reads& reads, Time at) {
+      if (!reads.ok()) {
+        end(fail(ErrorCode::kIndeterminate, "fence of node " + std::to_string(node_id) +
+                                                ": cannot read " + reads.errors(options_.lus)),
+            at);
+        return;
+      }
+      fence_preempt(node_id, reads, at);
+    });
   });
 }
 
@@ -885,7 +1008,7 @@ std::optional<Time> Resource::next_wake() const {
 }
 
 void Resource::check(Time now) {
-  const bool with_keys = keys_next_ || options_.mode == Mode::kShared ||
+  const bool with_keys = keys_next_ || leftover_ || options_.mode == Mode::kShared ||
                          state_ == State::kLostContact || state_ == State::kUnknown ||
                          round_ % options_.keys_every == 0;
   ++round_;
@@ -930,6 +1053,9 @@ void Resource::check_done(Reads reads, Time started, Time now) {
   }
   const bool has_keys = std::all_of(reads.lus.begin(), reads.lus.end(),
                                     [](const Reads::Lu& lu) { return lu.keys.has_value(); });
+  if (leftover_ && has_keys && started >= leftover_->after) {
+    take_back_leftover(reads, now);
+  }
   if (state_ == State::kHeld || state_ == State::kLostContact) {
     BLKFENCE_ASSERT(key_.has_value());
     for (std::size_t i = 0; i < reads.lus.size(); ++i) {
@@ -944,6 +1070,9 @@ void Resource::check_done(Reads reads, Time started, Time now) {
       }
     }
     last_success_ = started;
+    if (has_keys) {
+      preempt_strays(reads, now);
+    }
     if (state_ == State::kLostContact) {
       bool sole = has_keys;
       for (std::size_t i = 0; sole && i < reads.lus.size(); ++i) {
@@ -977,9 +1106,82 @@ void Resource::check_done(Reads reads, Time started, Time now) {
     }
     last_success_ = started;
     if (!reserves.empty()) {
-      run(std::move(reserves), now, [](const std::vector<pr::Response>&, Time) {});
+      monitor_send(std::move(reserves), now);
     }
   }
+}
+
+// The key of a failed acquire, still registered where another node holds, once no PREEMPT of that
+// acquire can execute any more (see acquire_failed): unregistered there. Where it became the
+// holder after all, it keeps the reservation with the gate closed, as after a release.
+void Resource::take_back_leftover(const Reads& reads, Time now) {
+  const Key key = leftover_->key;
+  leftover_.reset();
+  std::vector<pr::Request> requests;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    if (holder && *holder != key.value() && reads.registered(i, key.value())) {
+      for (auto& request : pr::prout_every_path(
+               options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+        requests.push_back(std::move(request));
+      }
+    }
+  }
+  if (!requests.empty()) {
+    monitor_send(std::move(requests), now);
+  }
+}
+
+// Registrations of this cluster beside our reservation whose keys rank below ours: an acquire
+// that failed, or one that will fail at its verify (it reads our key above its own); a REGISTER
+// that executed late. They would let their nexuses write under our reservation, so the holder
+// preempts them (the reservation stays ours). Keys that outrank ours belong to an acquire in
+// progress that is about to take over, and foreign clusters' keys are not ours to judge: both are
+// left and shown in the status.
+void Resource::preempt_strays(const Reads& reads, Time now) {
+  const Key key = *key_;
+  std::vector<pr::Request> requests;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    for (const std::uint64_t other : reads.others(i, key.value())) {
+      if ((other >> 48U) == options_.cluster_id && !outranks(other, key)) {
+        requests.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other),
+                                                "PREEMPT (stray registration)"));
+      }
+    }
+  }
+  if (requests.empty()) {
+    return;
+  }
+  keys_next_ = true;  // see whether they went
+  ++counters_.strays_preempted;
+  monitor_send(std::move(requests), now);
+}
+
+// The monitor's PR OUTs decide nothing (the next round reads what they did), but an operation that
+// starts meanwhile waits for their answers (after_monitor_prouts) so that its first read comes
+// after them (S4: a failed or indeterminate PR OUT is followed by a read before the next PR OUT).
+void Resource::monitor_send(std::vector<pr::Request> requests, Time now) {
+  ++monitor_prouts_;
+  std::weak_ptr<bool> alive = alive_;
+  engine_.start(std::move(requests), now, [this, alive](const std::vector<pr::Response>&, Time at) {
+    if (alive.expired()) {
+      return;
+    }
+    if (--monitor_prouts_ == 0 && waiting_) {
+      auto step = std::move(waiting_);
+      waiting_ = nullptr;
+      step(at);
+    }
+  });
+}
+
+void Resource::after_monitor_prouts(Time now, std::function<void(Time)> step) {
+  if (monitor_prouts_ == 0) {
+    step(now);
+    return;
+  }
+  BLKFENCE_ASSERT(!waiting_);
+  waiting_ = std::move(step);
 }
 
 void Resource::fenced(std::optional<std::uint64_t> by, const std::string& lu,

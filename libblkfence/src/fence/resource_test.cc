@@ -6,12 +6,13 @@
 // epoch (above the persisted mark, every key seen, and a holder seen only in the reservation); a
 // preempted holder closes its gate within one check_interval plus a round trip; lost contact
 // fails closed after the lease and reopens only for a still-sole holder; the holder re-acquires
-// under a new key; release closes the gate before any PR OUT; a restart adopts only its own
-// verified key and never touches a stale one; a fenced node never registers again by itself
-// (S5); shared mode unfences and fences a node; a second operation is refused while one runs;
-// and the failure paths (unreadable LUs, an epoch store that cannot persist, a lost REGISTER
-// answer, keys that cannot be read back) open no gate, read before any further PR OUT, and leave
-// no registration of the loser under the winner's reservation.
+// under a new key; release closes the gate and leaves the key holding for the next acquirer to
+// preempt; a restart adopts only its own verified, not given-up key and never touches a stale one
+// (the holder preempts it); a fenced node never registers again by itself (S5); shared mode
+// unfences and fences a node; a second operation is refused while one runs; and the failure paths
+// (unreadable LUs, an epoch store that cannot persist, a lost REGISTER answer, keys that cannot be
+// read back) open no gate, read before any further PR OUT, and leave the loser's registration to
+// the winner's monitor.
 #include "blkfence/fence/resource.h"
 
 #include <algorithm>
@@ -144,6 +145,19 @@ class FailingStore final : public EpochStore {
   Result<void> store(const std::string&, std::uint32_t) override {
     return fail(ErrorCode::kOs, "write RESOURCE.epoch: no space left on device");
   }
+};
+
+// An epoch store that reads what is on disk but can no longer write (its disk went read-only).
+class ReadOnlyStore final : public EpochStore {
+ public:
+  explicit ReadOnlyStore(std::uint32_t epoch) : epoch_(epoch) {}
+  Result<std::uint32_t> load(const std::string&) override { return epoch_; }
+  Result<void> store(const std::string&, std::uint32_t) override {
+    return fail(ErrorCode::kOs, "write RESOURCE.epoch: read-only file system");
+  }
+
+ private:
+  std::uint32_t epoch_;
 };
 
 // The outcome of an operation, once its Done has run.
@@ -568,39 +582,71 @@ TEST_F(ResourceTest, LostContactEndsFencedWhenAnotherNodeTookOver) {
   EXPECT_EQ(a->resource->fenced_by(), key_b.value());
 }
 
-// Release closes the gate before it sends anything, then RELEASEs on the first path and
-// unregisters every path of every LU: nothing of the node is left on the target.
-TEST_F(ResourceTest, ReleaseClosesTheGateFirstThenReleasesAndUnregisters) {
+// Release closes the gate and sends nothing: the key keeps the reservation (an LU without one would
+// let a node preempted a moment ago write again, S1), the store moves one past the epoch so that a
+// restart does not adopt it, and the next acquirer preempts it like any holder, with a higher
+// epoch (the LUs still show the released one, S3).
+TEST_F(ResourceTest, ReleaseClosesTheGateAndLeavesTheKeyHoldingForTheNextAcquirer) {
   a->boot(a->options());
+  b->boot(b->options());
   const Key key = acquired(*a);
   const std::size_t before = sent.size();
   Outcome* released = a->release();
-  EXPECT_FALSE(a->resource->gate_open()) << "closed synchronously, before any PR OUT";
-  ASSERT_EQ(a->recorder.gates.size(), 2U);
-  EXPECT_EQ(a->recorder.gates[1].sent_before, before);
+  EXPECT_FALSE(a->resource->gate_open()) << "closed synchronously";
   ASSERT_TRUE(run_until([&] { return released->done(); }));
   ASSERT_TRUE(released->result->has_value()) << released->result->error().message();
   EXPECT_EQ(**released->result, key);
+  run_for(milliseconds(500));  // monitor rounds: still nothing
   const auto mine = a->sent_since(before);
-  EXPECT_EQ(std::count_if(
-                mine.begin(), mine.end(),
-                [&](const Sent& s) { return s.is(PrOutAction::kRelease) && s.key == key.value(); }),
-            3);
-  // Every path unregisters (the RELEASE gave the other paths a 2A/04, so some were retried).
-  std::set<NexusId> unregistered;
-  for (const Sent& s : mine) {
-    if (s.is(PrOutAction::kRegister) && s.key == key.value() && s.sa_key == 0) {
-      unregistered.insert(s.nexus);
-    }
-  }
-  EXPECT_EQ(unregistered.size(), 6U);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
   for (std::size_t lu = 0; lu < kLus; ++lu) {
-    EXPECT_TRUE(keys_on(lu).empty());
-    EXPECT_FALSE(holder_of(lu).has_value());
+    EXPECT_EQ(holder_of(lu), key.value()) << "LU " << lu;
   }
   EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_FALSE(a->resource->gate_open());
   EXPECT_FALSE(a->resource->key().has_value());
   EXPECT_EQ(a->recorder.count(EventKind::kReleased), 1U);
+  EXPECT_EQ(a->store.load("pgdata").value_or(0), key.epoch() + 1);
+
+  // A restart finds its own key as the only holder and does not adopt it.
+  a->crash();
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  run_for(milliseconds(300));
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_NE(a->resource->detail().find("not the current token"), std::string::npos)
+      << a->resource->detail();
+
+  const Key key_b = acquired(*b);
+  EXPECT_GT(key_b.epoch(), key.epoch());
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key_b.value()})) << "LU " << lu;
+  }
+  // And A acquires again above both.
+  const Key again = acquired(*a);
+  EXPECT_GT(again.epoch(), key_b.epoch());
+}
+
+// A release that cannot store the epoch says so: the gate is closed, but a restart would adopt the
+// key again.
+TEST_F(ResourceTest, ReleaseReportsAnEpochStoreThatCannotPersist) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  ReadOnlyStore read_only(key.epoch());
+  a->crash();
+  a->boot(a->options(), &read_only);
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->gate_open(); })) << "adopted";
+  Outcome* released = a->release();
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  EXPECT_FALSE(a->resource->gate_open());
+  ASSERT_FALSE(released->result->has_value());
+  EXPECT_EQ(released->result->error().code(), ErrorCode::kOs);
+  EXPECT_NE(released->result->error().message().find("a restart would adopt"), std::string::npos)
+      << released->result->error().message();
+  EXPECT_EQ(holder_of(0), key.value());
 }
 
 // A restarted daemon that finds its own key verified as the holder and only registrant adopts it:
@@ -645,8 +691,11 @@ TEST_F(ResourceTest, RestartLeavesAStaleKeyOfItsOwnAlone) {
       << a->resource->detail();
   const auto mine = a->sent_since(before);
   EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
-  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{old_key.value(), key_b.value()}));
   EXPECT_GE(a->resource->epoch_high_water(), old_key.epoch());
+  // It is B, the holder, that removes it: a key of its cluster ranking below its own.
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key_b.value()}));
+  EXPECT_GE(b->resource->counters().strays_preempted, 1U);
+  EXPECT_TRUE(b->resource->gate_open());
 
   const Key key = acquired(*a);
   EXPECT_GT(key.epoch(), key_b.epoch());
@@ -911,7 +960,54 @@ TEST_F(ResourceTest, AFailedAcquireUnregistersWhereItCannotReadItsKeysBack) {
     EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key_b.value()})) << "LU " << lu;
     EXPECT_EQ(holder_of(lu), key_b.value());
   }
+  EXPECT_GT(a->store.load("pgdata").value_or(0), key_b.epoch() + 1)
+      << "one past A's given-up epoch, itself above B's";
   a->faults = nullptr;
+}
+
+// Where a PREEMPT of a failed acquire timed out, the key is not unregistered at once: had the
+// PREEMPT executed first, the unregister would drop the reservation (S1). Here every PREEMPT of
+// A's on LU 0 is lost on the way, so the acquire gives up with B holding LU 0 and A holding the
+// others: A's key stays registered on LU 0 until the late-execution horizon has passed, then A's
+// monitor unregisters it there; on LUs 1 and 2 it keeps the reservation, gate closed.
+TEST_F(ResourceTest, AFailedAcquireUnregistersLateWhereItsPreemptTimedOut) {
+  a->boot(a->options());
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+    fault.drop_request = c.command.cdb[0] == 0x5f && c.lu == 0 &&
+                         action == static_cast<std::uint8_t>(PrOutAction::kPreempt);
+    return fault;
+  };
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kLost);
+  EXPECT_NE(outcome->result->error().message().find("stays registered on lu0"), std::string::npos)
+      << outcome->result->error().message();
+  const Time failed_at = now();
+  const std::size_t before = sent.size();
+  ASSERT_EQ(holder_of(0), key_b.value());
+  const std::uint64_t key_a = holder_of(1).value_or(0);
+  ASSERT_EQ(key_a >> 32U, (std::uint64_t{kCluster} << 16U) | kNodeA) << "A took LU 1";
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key_a, key_a, key_b.value()}));
+  a->faults = nullptr;
+
+  ASSERT_TRUE(run_until([&] { return keys_on(0) == std::vector<std::uint64_t>{key_b.value()}; }));
+  const auto unregisters = a->sent_since(before);
+  const auto first = std::find_if(unregisters.begin(), unregisters.end(), [](const Sent& s) {
+    return s.is(PrOutAction::kRegister) && s.sa_key == 0;
+  });
+  ASSERT_NE(first, unregisters.end());
+  EXPECT_GE(first->at - failed_at, 2 * kCommandTimeout) << "not before the horizon";
+  EXPECT_EQ(first->lu, 0U);
+  for (std::size_t lu = 1; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), key_a) << "LU " << lu << " keeps its reservation";
+  }
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kReleased);
 }
 
 }  // namespace

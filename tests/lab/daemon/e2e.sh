@@ -155,7 +155,15 @@ lab_expect_eq "restarted B's token file" "$(cat "$BF/B/run/db.token" 2>&1)" "$ke
 
 # --- 3. racing acquires --------------------------------------------------------------------------
 lab_expect "B releases db" bf_ctl B release db --timeout 30s
-lab_expect_eq "no key is left after the release" "$(bf_keys_everywhere $db_lus)" ""
+lab_expect_eq "released B's gate is closed" "$(bf_field B db gate_open)" false
+lab_expect "released B's token file is gone" test ! -e "$BF/B/run/db.token"
+# The reservation is not dropped: a LU without one would let any nexus write (docs/protocol.md).
+lab_expect_eq "B's released key still holds every LU" "$(bf_holders_everywhere $db_lus)" "$key_b "
+lab_expect_eq "... and is the only key" "$(bf_keys_everywhere $db_lus)" "$key_b "
+lab_expect_eq "S3: B's persisted epoch moved one past it" "$(cat "$BF/B/state/db.epoch")" "$((epoch_b + 1))"
+bf_stop B
+lab_expect "B's daemon restarts after the release" bf_start B
+lab_expect_eq "restarted B does not adopt its released key" "$(bf_field B db state)/$(bf_field B db gate_open)" released/false
 bf_ctl A acquire db --timeout 30s >"$BF/A/race.out" 2>&1 &
 race_a=$!
 bf_ctl B acquire db --timeout 30s >"$BF/B/race.out" 2>&1 &

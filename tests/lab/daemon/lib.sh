@@ -137,6 +137,12 @@ bf_clear() {
   done
 }
 
+# bf_holders_everywhere LU...: the holders of every LU (read through node B), one sorted line.
+bf_holders_everywhere() {
+  local lu
+  for lu in "$@"; do lab_holder "$(lab_dev B "$lu")" | awk '{print $1}'; done | sort -u | tr '\n' ' '
+}
+
 # bf_keys_everywhere LU...: the registered keys of every LU (read through node B), one sorted line.
 bf_keys_everywhere() {
   local lu

@@ -122,6 +122,7 @@ struct Counters {
   std::uint64_t checks = 0;
   std::uint64_t check_failures = 0;
   std::uint64_t unit_attentions = 0;
+  std::uint64_t strays_preempted = 0;  // monitor rounds that preempted lower-ranked keys
   std::chrono::nanoseconds check_latency_last{0};
   std::chrono::nanoseconds check_latency_max{0};
   std::chrono::nanoseconds check_latency_sum{0};
@@ -179,12 +180,19 @@ class Resource {
   void end(Result<Key> result, Time now);
 
   void probe_read(Reads reads, Time now);
-  void acquire_register(Key key, Reads reads, Time now);
+  void acquire_draw(Reads reads, int round, Time at);
+  void acquire_register(Key key, Reads reads, int round, Time now);
   void acquire_take(Key key, Reads reads, int round, Time now);
   void acquire_preempt_others(Key key, const Reads& reads, int round, Time now);
   void acquire_verify(Key key, int round, Time now);
   void acquire_succeeded(Key key, Time verified_since, Time now);
   void acquire_failed(Key key, std::string why, Time now);
+  Result<void> give_up(Key key);
+  void note_uncertain(const std::vector<pr::Response>& responses,
+                      const std::vector<std::size_t>& lu_of);
+  Time late_execution_horizon() const;
+  void take_back_leftover(const Reads& reads, Time now);
+  void release_shared(Key key, Time now);
   codec::PrOutCommand take_command(Key key, std::uint64_t victim) const;
   void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
               Time now);
@@ -194,6 +202,10 @@ class Resource {
 
   void check(Time now);
   void check_done(Reads reads, Time started, Time now);
+  void preempt_strays(const Reads& reads, Time now);
+  void monitor_send(std::vector<pr::Request> requests, Time now);
+  // Runs step once no PR OUT the monitor sent is in flight (at once when none is).
+  void after_monitor_prouts(Time now, std::function<void(Time)> step);
   void set_gate(bool open, Time verified_since);
   void set_state(State state, std::string detail);
   void emit(EventKind kind, std::string detail, std::optional<std::uint64_t> other = {},
@@ -226,7 +238,17 @@ class Resource {
   std::optional<Time> last_success_;
   std::optional<Time> last_read_ok_;
   int round_ = 0;
-  bool keys_next_ = true;  // the next check reads keys too
+  bool keys_next_ = true;        // the next check reads keys too
+  std::vector<bool> uncertain_;  // per LU: a take of the running acquire timed out there
+  // A failed acquire's key left registered beside a winner, taken back by the monitor after
+  // `after`.
+  struct Leftover {
+    Key key;
+    Time after{0};
+  };
+  std::optional<Leftover> leftover_;
+  int monitor_prouts_ = 0;             // batches of PR OUTs the monitor sent, not answered yet
+  std::function<void(Time)> waiting_;  // an operation's first step, waiting for them
   Counters counters_;
 };
 
