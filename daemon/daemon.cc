@@ -11,6 +11,7 @@
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
+#include <systemd/sd-device.h>
 #include <systemd/sd-event.h>
 #include <time.h>
 
@@ -148,6 +149,7 @@ Daemon::~Daemon() {
   sd_event_source_disable_unref(transport_source_);
   sd_event_source_disable_unref(timer_source_);
   sd_event_source_disable_unref(post_source_);
+  sd_device_monitor_unref(device_monitor_);
   for (auto* source : signal_sources_) {
     sd_event_source_disable_unref(source);
   }
@@ -183,6 +185,7 @@ int Daemon::run() {
     log(Priority::kErr, std::string("cannot set up the event loop: ") + std::strerror(-r));
     return 1;
   }
+  watch_devices();
   std::uint64_t watchdog = 0;
   if (sd_watchdog_enabled(0, &watchdog) > 0) {
     watchdog_usec_ = watchdog;
@@ -231,8 +234,68 @@ int Daemon::on_signal(sd_event_source* source, const ::signalfd_siginfo* info, v
   return sd_event_exit(sd_event_source_get_event(source), 0);
 }
 
+// Path hot-plug: udev's events for block and scsi_generic devices (after udev has processed them,
+// so /dev and the /dev/blkfence links are in place) make every resource resolve its configured
+// device names again, a moment later: one LU appearing brings several events (sd, sg, a multipath
+// map's change).
+void Daemon::watch_devices() {
+  sd_device_monitor* monitor = nullptr;
+  int r = sd_device_monitor_new(&monitor);
+  if (r >= 0) {
+    r = sd_device_monitor_filter_add_match_subsystem_devtype(monitor, "block", nullptr);
+  }
+  if (r >= 0) {
+    r = sd_device_monitor_filter_add_match_subsystem_devtype(monitor, "scsi_generic", nullptr);
+  }
+  if (r >= 0) {
+    r = sd_device_monitor_attach_event(monitor, event_);
+  }
+  if (r >= 0) {
+    r = sd_device_monitor_start(monitor, &Daemon::on_device, this);
+  }
+  if (r < 0) {
+    sd_device_monitor_unref(monitor);
+    log(Priority::kWarning, std::string("path hot-plug is off: cannot watch udev's device events: ") +
+                                std::strerror(-r));
+    return;
+  }
+  device_monitor_ = monitor;
+}
+
+int Daemon::on_device(sd_device_monitor*, sd_device*, void* self) {
+  auto* daemon = static_cast<Daemon*>(self);
+  if (!daemon->rescan_at_) {
+    daemon->rescan_at_ = daemon->now() + kRescanDelay;
+  }
+  return 0;
+}
+
+void Daemon::rescan() {
+  rescan_at_.reset();
+  const auto env = pr::system_discovery_env();
+  const pr::Time t = now();
+  for (const auto& resource : resources_) {
+    const ResourceConfig* config = config_of(resource->name());
+    for (std::size_t i = 0; i < config->devices.size(); ++i) {
+      const pr::LogicalUnit& lu = resource->options().lus[i];
+      auto found = pr::discover({config->devices[i]}, env);
+      if (!found || found->size() != 1 || (*found)[0].wwn != lu.wwn) {
+        log(Priority::kDebug, resource->name() + ": " + lu.name + ": " + config->devices[i] +
+                                  " does not resolve to its LU now (" +
+                                  (found ? std::string("another LU") : found.error().message()) +
+                                  "); its paths stay as they were");
+        continue;
+      }
+      resource->update_paths(i, std::move((*found)[0].paths), t);
+    }
+  }
+}
+
 void Daemon::tick() {
   const pr::Time t = now();
+  if (rescan_at_ && *rescan_at_ <= t) {
+    rescan();
+  }
   engine_->on_time(t);
   for (const auto& resource : resources_) {
     resource->on_time(t);
@@ -242,6 +305,9 @@ void Daemon::tick() {
 
 void Daemon::schedule() {
   std::optional<pr::Time> wake = engine_->next_wake();
+  if (rescan_at_ && (!wake || *rescan_at_ < *wake)) {
+    wake = rescan_at_;
+  }
   for (const auto& resource : resources_) {
     if (const auto next = resource->next_wake(); next && (!wake || *next < *wake)) {
       wake = next;
@@ -373,6 +439,7 @@ void Daemon::on_event(const fence::Resource& resource, const fence::Event& event
     case fence::EventKind::kUnfenced: id = kMessageUnfenced; break;
     case fence::EventKind::kFencedNode: id = kMessageFencedNode; break;
     case fence::EventKind::kOperationFailed: priority = Priority::kWarning; break;
+    case fence::EventKind::kPathsChanged: priority = Priority::kNotice; break;
     case fence::EventKind::kStateKnown: break;
   }
   log(priority, message, fields_of(resource, id, event.device));

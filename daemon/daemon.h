@@ -8,7 +8,9 @@
 // replies and watch events) and turns control requests into its operations.
 #pragma once
 
+#include <chrono>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +29,8 @@
 
 struct sd_event;
 struct sd_event_source;
+struct sd_device;
+struct sd_device_monitor;
 struct signalfd_siginfo;
 
 namespace blkfence::daemon {
@@ -58,12 +62,18 @@ class Daemon final : public fence::Observer, public ControlHandler {
   static int on_timer(sd_event_source* source, std::uint64_t usec, void* self);
   static int on_post(sd_event_source* source, void* self);
   static int on_signal(sd_event_source* source, const ::signalfd_siginfo* info, void* self);
+  static int on_device(sd_device_monitor* monitor, sd_device* device, void* self);
+
+  // How long after a device event the configured names are resolved again.
+  static constexpr std::chrono::milliseconds kRescanDelay{200};
 
   pr::Time now() const;
   void tick();
   void schedule();
   void notify_status();
   void feed_watchdog();
+  void watch_devices();
+  void rescan();
 
   bool allowed(const Peer& peer) const;
   fence::Resource* find(const std::string& name);
@@ -84,6 +94,8 @@ class Daemon final : public fence::Observer, public ControlHandler {
   sd_event_source* timer_source_ = nullptr;
   sd_event_source* post_source_ = nullptr;
   std::vector<sd_event_source*> signal_sources_;
+  sd_device_monitor* device_monitor_ = nullptr;
+  std::optional<pr::Time> rescan_at_;
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<pr::Engine> engine_;
   std::unique_ptr<fence::EpochStore> epochs_;

@@ -82,6 +82,7 @@ enum class EventKind : std::uint8_t {
   kUnfenced,         // shared: registered
   kFencedNode,       // shared: we removed another node's key
   kOperationFailed,  // an acquire/release/unfence/fence failed; detail says where
+  kPathsChanged,     // a LU's paths changed (hot-plug); detail says which and what was registered
 };
 std::string_view to_string(EventKind kind);
 
@@ -148,6 +149,13 @@ class Resource {
   void unfence(Time now, Done done);                            // shared
   void fence_node(std::uint16_t node_id, Time now, Done done);  // shared
 
+  // Path hot-plug: the paths of LU `lu` (an index into options().lus) are now `paths`. New paths
+  // of a LU this node holds (exclusive, verified) or is unfenced on (shared) are registered with
+  // the current key, after a read shows the key still current, and the key is verified again
+  // afterwards; a new path of a fenced, released or lost-contact node is not (S5). An empty list
+  // is ignored: a LU keeps its last paths rather than none (its reads fail and the lease decides).
+  void update_paths(std::size_t lu, std::vector<pr::Path> paths, Time now);
+
   void on_time(Time now);
   std::optional<Time> next_wake() const;
 
@@ -168,7 +176,7 @@ class Resource {
   const Counters& counters() const { return counters_; }
 
  private:
-  enum class Op : std::uint8_t { kNone, kProbe, kAcquire, kRelease, kUnfence, kFence };
+  enum class Op : std::uint8_t { kNone, kProbe, kAcquire, kRelease, kUnfence, kFence, kPaths };
   struct Reads;
   using ReadsDone = std::function<void(Reads, Time)>;
 
@@ -199,6 +207,11 @@ class Resource {
   void unfence_reserve(Key key, Time now);
   void unfence_verify(Key key, Time now);
   void fence_preempt(std::uint16_t victim, const Reads& reads, Time now);
+
+  bool holding() const;
+  void register_new_paths(Time now);
+  void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
+                            Time now);
 
   void check(Time now);
   void check_done(Reads reads, Time started, Time now);
@@ -247,6 +260,8 @@ class Resource {
     Time after{0};
   };
   std::optional<Leftover> leftover_;
+  // New paths (LU index, path) waiting to be registered once the resource is idle.
+  std::vector<std::pair<std::size_t, pr::Path>> new_paths_;
   int monitor_prouts_ = 0;             // batches of PR OUTs the monitor sent, not answered yet
   std::function<void(Time)> waiting_;  // an operation's first step, waiting for them
   Counters counters_;
