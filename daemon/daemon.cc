@@ -70,6 +70,21 @@ Result<void> make_dir(const std::string& path, mode_t mode) {
 
 }  // namespace
 
+Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resource,
+                                                     const pr::DiscoveryEnv& env) {
+  auto lus = pr::discover(resource.devices, env);
+  if (!lus) {
+    return fail(lus.error().code(), "resource " + resource.name + ": " + lus.error().message());
+  }
+  if (lus->size() != resource.devices.size()) {
+    return fail(ErrorCode::kInvalidArgument,
+                "resource " + resource.name + ": " + std::to_string(resource.devices.size()) +
+                    " devices name only " + std::to_string(lus->size()) +
+                    " LUs (two of them are paths to one LU; list each LU once, by WWN)");
+  }
+  return lus;
+}
+
 Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->config_ = std::move(config);
@@ -101,15 +116,9 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
 
   const auto env = pr::system_discovery_env();
   for (const auto& resource : c.resources) {
-    auto lus = pr::discover(resource.devices, env);
+    auto lus = resolve_devices(resource, env);
     if (!lus) {
-      return fail(lus.error().code(), "resource " + resource.name + ": " + lus.error().message());
-    }
-    if (lus->size() != resource.devices.size()) {
-      return fail(ErrorCode::kInvalidArgument,
-                  "resource " + resource.name + ": " + std::to_string(resource.devices.size()) +
-                      " devices name only " + std::to_string(lus->size()) +
-                      " LUs (two of them are paths to one LU; list each LU once, by WWN)");
+      return tl::unexpected(lus.error());
     }
     // The gate is closed until the protocol says otherwise, whatever a previous run left.
     daemon->gate_->close(resource.name);
@@ -255,8 +264,9 @@ void Daemon::watch_devices() {
   }
   if (r < 0) {
     sd_device_monitor_unref(monitor);
-    log(Priority::kWarning, std::string("path hot-plug is off: cannot watch udev's device events: ") +
-                                std::strerror(-r));
+    log(Priority::kWarning,
+        std::string("path hot-plug is off: cannot watch udev's device events: ") +
+            std::strerror(-r));
     return;
   }
   device_monitor_ = monitor;

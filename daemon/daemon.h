@@ -10,8 +10,8 @@
 
 #include <chrono>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +19,7 @@
 
 #include "blkfence/fence/epoch_store.h"
 #include "blkfence/fence/resource.h"
+#include "blkfence/pr/discovery.h"
 #include "blkfence/pr/engine.h"
 #include "blkfence/transport/transport.h"
 
@@ -34,6 +35,10 @@ struct sd_device_monitor;
 struct signalfd_siginfo;
 
 namespace blkfence::daemon {
+
+// The LUs a resource's configured devices name, with every path of each (one LU per device).
+[[nodiscard]] Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resource,
+                                                                   const pr::DiscoveryEnv& env);
 
 class Daemon final : public fence::Observer, public ControlHandler {
  public:

@@ -9,6 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "blkfence/pr/client.h"
+
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
@@ -65,7 +67,26 @@ int run(int argc, char** argv) {
   }
   if (check_only) {
     (void)std::fputs(format_config(*config).c_str(), stdout);
-    return 0;
+    // The devices as this host sees them now: a name that does not resolve is an error here too.
+    int status = 0;
+    const auto env = blkfence::pr::system_discovery_env();
+    for (const auto& resource : config->resources) {
+      auto lus = resolve_devices(resource, env);
+      if (!lus) {
+        (void)std::fprintf(stderr, "blkfenced: %s\n", lus.error().message().c_str());
+        status = kExitConfig;
+        continue;
+      }
+      for (const auto& lu : *lus) {
+        std::string paths;
+        for (const auto& path : lu.paths) {
+          paths += " " + blkfence::pr::command_device(path) + " (" + path.hctl + ")";
+        }
+        (void)std::printf("# %s: %s = %s:%s\n", resource.name.c_str(), lu.name.c_str(),
+                          lu.wwn.c_str(), paths.c_str());
+      }
+    }
+    return status;
   }
   // sd-event takes these through signalfd; the transport's threads inherit the mask.
   sigset_t signals;

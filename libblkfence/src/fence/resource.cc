@@ -647,6 +647,16 @@ void Resource::acquire_verify(Key key, int round, Time now) {
       }
       return;
     }
+    if (at - reads.started >= options_.lease) {
+      // The verify read is a lease old by now (a slow or stalled target): the gate would open
+      // with its lease already over. Read again while rounds remain.
+      if (round + 1 >= options_.verify_rounds_max) {
+        acquire_failed(key, "verify: the reads take longer than the lease", at);
+        return;
+      }
+      acquire_verify(key, round + 1, at);
+      return;
+    }
     acquire_succeeded(key, reads.started, at);
   });
 }
@@ -839,7 +849,7 @@ void Resource::unfence(Time now, Done done) {
     return;
   }
   begin(Op::kUnfence, std::move(done));
-  new_paths_.clear();  // every path is registered
+  new_paths_.clear();          // every path is registered
   const Key key = key_for(0);  // DESIGN.md §3: shared members register with epoch 0
   key_ = key;
   fenced_by_.reset();
@@ -1064,17 +1074,18 @@ void Resource::register_new_paths(Time now) {
         // The monitor's next round, now, decides what happened to the key.
         next_check_ = at;
         keys_next_ = true;
-        end(fail(ErrorCode::kLost, "new paths not registered: " + key.to_string() +
-                                       " is not verified as current"),
+        end(fail(ErrorCode::kLost,
+                 "new paths not registered: " + key.to_string() + " is not verified as current"),
             at);
         return;
       }
       std::vector<pr::Request> requests;
       for (const auto& [lu, path] : paths) {
-        const pr::LogicalUnit one{.wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name,
-                                  .paths = {path}};
-        for (auto& request : pr::prout_every_path(one, codec::prout_register_and_ignore(key.value()),
-                                                  "REGISTER AND IGNORE EXISTING KEY (new path)")) {
+        const pr::LogicalUnit one{
+            .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
+        for (auto& request :
+             pr::prout_every_path(one, codec::prout_register_and_ignore(key.value()),
+                                  "REGISTER AND IGNORE EXISTING KEY (new path)")) {
           requests.push_back(std::move(request));
         }
       }
@@ -1108,8 +1119,8 @@ void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, 
     // longer current. Take them back; the monitor's next round, now, declares the fence.
     std::vector<pr::Request> requests;
     for (const auto& [lu, path] : paths) {
-      const pr::LogicalUnit one{.wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name,
-                                .paths = {path}};
+      const pr::LogicalUnit one{
+          .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
       for (auto& request : pr::prout_every_path(one, codec::prout_register(key.value(), 0),
                                                 "REGISTER (unregister new path)")) {
         requests.push_back(std::move(request));
@@ -1117,12 +1128,13 @@ void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, 
     }
     next_check_ = at;
     keys_next_ = true;
-    run(std::move(requests), at, [this, key, names](const std::vector<pr::Response>&, Time done_at) {
-      end(fail(ErrorCode::kLost, "the key " + key.to_string() +
-                                     " was not current after registering " + names +
-                                     "; taken back there"),
-          done_at);
-    });
+    run(std::move(requests), at,
+        [this, key, names](const std::vector<pr::Response>&, Time done_at) {
+          end(fail(ErrorCode::kLost, "the key " + key.to_string() +
+                                         " was not current after registering " + names +
+                                         "; taken back there"),
+              done_at);
+        });
   });
 }
 
@@ -1212,7 +1224,14 @@ void Resource::check_done(Reads reads, Time started, Time now) {
       const auto holder = reads.holder(i);
       const bool key_gone = has_keys && !reads.registered(i, key_->value());
       if (holder != key_->value() || key_gone) {
-        fenced(holder, options_.lus[i].name,
+        // READ RESERVATION may have run before the preempt and READ KEYS after it: the holder
+        // read is then our own key, and the one that fenced us is the key registered instead.
+        std::optional<std::uint64_t> by = holder;
+        if (by == key_->value()) {
+          const auto others = reads.others(i, key_->value());
+          by = others.empty() ? std::nullopt : std::optional(others.front());
+        }
+        fenced(by, options_.lus[i].name,
                holder ? "the reservation is held by " + hex(*holder)
                       : (key_gone ? "our key is no longer registered" : "no reservation"),
                now);

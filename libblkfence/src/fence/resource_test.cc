@@ -1037,8 +1037,8 @@ TEST_F(ResourceTest, ANewPathOfAHeldLuIsRegisteredWithTheCurrentKey) {
     return s.registers() && s.sa_key == key.value();
   });
   EXPECT_EQ(registrations, 1);
-  const auto first_register = std::find_if(mine.begin(), mine.end(),
-                                            [](const Sent& s) { return s.registers(); });
+  const auto first_register =
+      std::find_if(mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); });
   ASSERT_NE(first_register, mine.end());
   EXPECT_EQ(first_register->nexus, nexus);
   EXPECT_TRUE(std::any_of(mine.begin(), first_register, [](const Sent& s) {
@@ -1107,8 +1107,63 @@ TEST_F(ResourceTest, ANewPathRegisteredJustAfterAPreemptIsTakenBack) {
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
   EXPECT_FALSE(a->resource->gate_open());
   const auto keys = keys_on(0);
-  EXPECT_TRUE(std::none_of(keys.begin(), keys.end(), [&](std::uint64_t k) { return k == key_a.value(); }))
-      << "the new path's registration was taken back";
+  EXPECT_TRUE(std::none_of(keys.begin(), keys.end(), [&](std::uint64_t k) {
+    return k == key_a.value();
+  })) << "the new path's registration was taken back";
+  a->faults = nullptr;
+}
+
+// A round whose READ RESERVATION ran before the preempt and whose READ KEYS ran after it sees our
+// own key as the holder and our key gone: the fence is reported as by the key registered instead.
+TEST_F(ResourceTest, AFenceSeenHalfBeforeThePreemptNamesThePreemptor) {
+  a->boot(a->options());
+  const Key key_a = acquired(*a);
+  bool armed = true;
+  bool delayed = false;
+  a->faults = [&](const FaultContext& c) {
+    Fault fault;
+    if (armed && c.lu == 0 && c.command.cdb[0] == 0x5e &&
+        (c.command.cdb[1] & 0x1fU) == static_cast<std::uint8_t>(codec::PrInAction::kReadKeys)) {
+      fault.request_delay = milliseconds(20);
+      armed = false;
+      delayed = true;
+    }
+    return fault;
+  };
+  ASSERT_TRUE(run_until([&] { return delayed; }));
+  run_for(milliseconds(2));  // the READ RESERVATION has executed, the READ KEYS has not
+  const Key key_b = key_of(kNodeB, key_a.epoch() + 1);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    register_directly(nexus_of(kNodeB, lu, 0), lu, key_b.value());
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_preempt(key_b.value(), key_a.value(), kWeRo));
+  }
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  EXPECT_EQ(a->resource->fenced_by(), key_b.value());
+  EXPECT_EQ(a->recorder.last(EventKind::kFenced)->second.other_key, key_b.value());
+  a->faults = nullptr;
+}
+
+// A verify read that comes back a lease after it was issued does not open the gate (it would open
+// with its lease over); the acquire reads again, and gives up when every round is that slow.
+TEST_F(ResourceTest, AVerifyOlderThanTheLeaseOpensNoGate) {
+  ResourceOptions options = a->options();
+  options.lease = milliseconds(3);
+  a->boot(options);
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    if (c.command.cdb[0] == 0x5e) {
+      fault.response_delay = milliseconds(5);  // within the command timeout, beyond the lease
+    }
+    return fault;
+  };
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_NE(outcome->result->error().message().find("longer than the lease"), std::string::npos)
+      << outcome->result->error().message();
+  EXPECT_TRUE(std::none_of(a->recorder.gates.begin(), a->recorder.gates.end(),
+                           [](const Recorder::Gate& g) { return g.open; }));
   a->faults = nullptr;
 }
 

@@ -7,7 +7,8 @@
 #   new path lands); B acquires (preempts A); a third nexus of A appears and joins the map while
 #   A is fenced: A's daemon sees it (its status lists the path) but does not register it (S5),
 #   and a write through it is refused by the target.
-# Leaves no map, nexus, registration or udevd behind.
+# Also: blkfenced --check-config resolves the devices (exit 0), and exits 78 for one that does not
+# exist. Leaves no map, nexus, registration or udevd behind.
 #   usage: hotplug.sh [LU]     (default: the last LU)
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
@@ -95,6 +96,13 @@ lab_expect "A's multipath map over its one path" map_over "$a_sd"
 bf_config A 1 preempt "$lu" ""
 bf_config B 2 preempt "$lu" ""
 sed -i "s|^devices = .*|devices = [\"/dev/mapper/$map\"]|" "$BF/A/blkfence.toml"
+# --check-config resolves the devices: the map's one path, under the LU's WWN; a missing one is 78.
+checked=$("$BLKFENCED" --config "$BF/A/blkfence.toml" --check-config 2>&1)
+lab_expect_eq "--check-config resolves A's map to the LU and its path (exit 0)" \
+  "$?:$(grep -c "^# db: /dev/mapper/$map = $(lab_dev A "$lu" wwn): $(lab_dev A "$lu" sg) (" <<<"$checked")" 0:1
+sed "s|^devices = .*|devices = [\"/dev/sdzz\"]|" "$BF/A/blkfence.toml" >"$BF/A/missing.toml"
+"$BLKFENCED" --config "$BF/A/missing.toml" --check-config >/dev/null 2>&1
+lab_expect_eq "--check-config with a device that does not exist exits 78" "$?" 78
 lab_expect "A's daemon starts" bf_start A
 lab_expect "B's daemon starts" bf_start B
 lab_expect "A acquires db" bf_ctl A acquire db --timeout 30s

@@ -210,8 +210,7 @@ class Resource {
 
   bool holding() const;
   void register_new_paths(Time now);
-  void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
-                            Time now);
+  void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths, Time now);
 
   void check(Time now);
   void check_done(Reads reads, Time started, Time now);
