@@ -85,6 +85,7 @@ void Engine::start(std::vector<Request> requests, Time now, Done done) {
   batch->done = std::move(done);
   Batch& ref = *batch;
   batches_.emplace(id, std::move(batch));
+  const transport::Corked corked(transport_);  // one system call for the whole batch
   for (std::size_t i = 0; i < ref.requests.size(); ++i) {
     submit(ref, i, now);
   }
@@ -230,6 +231,7 @@ void Engine::on_time(Time now) {
   for (const auto& [id, batch] : batches_) {
     ids.push_back(id);
   }
+  const transport::Corked corked(transport_);
   for (const std::uint64_t id : ids) {
     const auto found = batches_.find(id);
     if (found == batches_.end()) {
@@ -264,6 +266,9 @@ std::optional<Time> Engine::next_wake() const {
 Result<void> Engine::pump(Time now) {
   std::vector<transport::Completion> completions;
   auto reaped = transport_.reap(std::chrono::milliseconds(0), completions);
+  // What the completions lead to (retries, the batches their callbacks start) goes to the kernel
+  // in one system call.
+  const transport::Corked corked(transport_);
   for (auto& completion : completions) {
     on_completion(std::move(completion), now);
   }

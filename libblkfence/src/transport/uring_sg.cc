@@ -272,11 +272,22 @@ class UringTransport final : public TransportImpl {
     ++awaiting_;
     path.waiting.push_back(id);
     pump(path, now);
-    // A failed io_uring_submit() leaves the SQEs in the ring for the next reap(), which reports it:
-    // the command is accepted either way and will complete exactly once.
-    (void)flush();
-    wakeup_.arm(earliest_deadline());
+    if (corked_ == 0) {
+      // A failed io_uring_submit() leaves the SQEs in the ring for the next reap(), which reports
+      // it: the command is accepted either way and will complete exactly once.
+      (void)flush();
+      wakeup_.arm(earliest_deadline());
+    }
     return {};
+  }
+
+  void cork() override { ++corked_; }
+  void uncork() override {
+    BLKFENCE_ASSERT(corked_ > 0);
+    if (--corked_ == 0) {
+      (void)flush();
+      wakeup_.arm(earliest_deadline());
+    }
   }
 
   Result<std::size_t> reap(std::chrono::milliseconds wait, std::vector<Completion>& out) override {
@@ -648,6 +659,7 @@ class UringTransport final : public TransportImpl {
   PathId next_path_id_ = 1;
   std::uint64_t next_slot_id_ = 1;
   std::int32_t next_pack_id_ = 1;
+  int corked_ = 0;  // cork() depth: submit() leaves the SQEs to uncork()
   bool stopping_ = false;
 };
 

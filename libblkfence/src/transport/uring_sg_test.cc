@@ -187,6 +187,34 @@ TEST_F(UringSgTest, FortyCommandsOnOnePathNeverMoreThanSixteenAtTheDevice) {
   EXPECT_EQ(transport_->in_flight(), 0U);
 }
 
+// Commands submitted while corked (a batch: one io_uring_enter for all, at uncork) all reach the
+// device once the outer cork goes, before anything is reaped, and complete with their own answers.
+TEST_F(UringSgTest, CorkedSubmissionsReachTheDeviceAtUncork) {
+  FakeSg fake(
+      [](const FakeRequest& request) { return std::optional(good_reply(marker_of(request))); });
+  const PathId path = attach(fake);
+  constexpr std::uint32_t kCommands = 8;
+  {
+    const Corked outer(*transport_);
+    for (std::uint32_t marker = 0; marker < kCommands / 2; ++marker) {
+      submit(path, marked_command(marker, marker, kLong));
+    }
+    const Corked inner(*transport_);
+    for (std::uint32_t marker = kCommands / 2; marker < kCommands; ++marker) {
+      submit(path, marked_command(marker, marker, kLong));
+    }
+  }
+  // Before any reap() (which would submit pending SQEs itself): uncork alone sent them.
+  ASSERT_TRUE(fake.wait_received(kCommands));
+  const auto done = by_tag(reap_count(*transport_, kCommands));
+  ASSERT_EQ(done.size(), kCommands);
+  for (const auto& [tag, completion] : done) {
+    EXPECT_EQ(completion.outcome, Outcome::kGood) << tag;
+    EXPECT_EQ(completion.data_in, data_for(static_cast<std::uint32_t>(tag))) << tag;
+  }
+  EXPECT_EQ(transport_->in_flight(), 0U);
+}
+
 TEST_F(UringSgTest, AnswersOutOfOrderAreMatchedByPackId) {
   FakeSg fake([](const FakeRequest&) { return std::optional<FakeReply>(); });
   const PathId path = attach(fake);

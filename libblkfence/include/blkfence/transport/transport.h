@@ -100,11 +100,29 @@ class Transport {
   [[nodiscard]] virtual Result<std::size_t> reap(std::chrono::milliseconds wait,
                                                  std::vector<Completion>& out) = 0;
 
+  // Between cork() and the matching uncork(), submit() may keep what it prepared from the kernel,
+  // so that a batch of commands costs one system call instead of one each; uncork() hands it over.
+  // Nests. A transport that has nothing to gain ignores both.
+  virtual void cork() {}
+  virtual void uncork() {}
+
   // Commands submitted and not yet reaped.
   virtual std::size_t in_flight() const = 0;
   // A file descriptor that polls readable when reap() has something to return (for sd-event).
   virtual int poll_fd() const = 0;
   virtual std::string_view name() const = 0;
+};
+
+// cork() for the lifetime of a scope.
+class Corked {
+ public:
+  explicit Corked(Transport& transport) : transport_(transport) { transport_.cork(); }
+  ~Corked() { transport_.uncork(); }
+  Corked(const Corked&) = delete;
+  Corked& operator=(const Corked&) = delete;
+
+ private:
+  Transport& transport_;
 };
 
 enum class TransportKind : std::uint8_t { kAuto, kUring, kSgio };
