@@ -27,7 +27,8 @@
 #                 alone ("monitor-cpu-kernel") of its blkfenced from /proc/PID/stat over a
 #                 $BENCH_CPU_SECONDS (60) s window, as % of one core, with transport = "uring" and
 #                 "sgio"; with the checks per second and the mean check latency of that window from
-#                 its metrics. Verified: still held, gate open.
+#                 its metrics, and the window's length ("monitor-window"). Verified: still held,
+#                 gate open.
 #   cpu-reference a python loop and one clock_gettime() call timed in the guest; report.py times
 #                 the same on the host: how much TCG inflates CPU time.
 #
@@ -293,6 +294,7 @@ cpu_run() {
     "$(awk -v k="$((u1 - u0 + k1 - k0))" -v hz="$hz" -v s="$seconds" 'BEGIN {printf "%.3f", 100 * k / hz / s}')" "$verified"
   emit monitor-cpu-kernel "$transport" "$n" \
     "$(awk -v k="$((k1 - k0))" -v hz="$hz" -v s="$seconds" 'BEGIN {printf "%.3f", 100 * k / hz / s}')" "$verified"
+  emit monitor-window "$transport" "$n" "$seconds" "$verified"
   emit checks-per-second "$transport" "$n" \
     "$(awk -v c="$((c1 - c0))" -v s="$seconds" 'BEGIN {printf "%.2f", c / s}')" "$verified"
   emit check-latency "$transport" "$n" \

@@ -288,11 +288,13 @@ def daemon_section(rows, goals, lab_out):
     guest_clock = med.get(("cpu-reference", "clock_gettime", 0))
     slow_loop = guest_loop / host_loop if guest_loop and host_loop else None
     slow_clock = guest_clock / host_clock if guest_clock and host_clock else None
+    windows = [v for k, v in med.items() if k[0] == "monitor-window"]
+    window = f"{min(windows):.0f} s" if windows else "fixed"
     if cpu:
         print("## Daemon: monitor cost\n")
         print("Node A's blkfenced alone, holding the resource on N LUs, checked at 4 Hz "
               "(check_interval 250 ms: READ RESERVATION of every LU in one batch, READ KEYS too "
-              "every 4th round); its utime + stime from /proc/PID/stat over a 60 s window, as a "
+              f"every 4th round); its utime + stime from /proc/PID/stat over a {window} window, as a "
               "percentage of one core (*kernel*: the stime part), with each transport. *checks/s* "
               "and *check latency* (mean time of one round) come from the daemon's metrics over "
               "the same window.\n")

@@ -762,6 +762,7 @@ void Resource::release(Time now, Done done) {
     release_shared(key, now);
     return;
   }
+  const bool held = state_ == State::kHeld || state_ == State::kLostContact;
   // Exclusive: the token is given up here, not on the target. Dropping the reservation would let
   // every nexus write, a node preempted a moment ago that has not noticed yet included (S1), and
   // the LUs would forget the epoch (S3). So the key keeps the reservation, with the gate closed,
@@ -776,9 +777,10 @@ void Resource::release(Time now, Done done) {
         now);
     return;
   }
-  set_state(State::kReleased, "released " + key.to_string() +
-                                  ": gate closed; the key keeps the reservation until another "
-                                  "node acquires");
+  set_state(State::kReleased,
+            "released " + key.to_string() +
+                (held ? ": gate closed; the key keeps the reservation until another node acquires"
+                      : " (it no longer held the LUs)"));
   emit(EventKind::kReleased, detail_);
   key_.reset();
   end(key, now);
