@@ -1000,6 +1000,16 @@ bool Resource::holding() const {
   return key_ && ((state_ == State::kHeld && gate_open_) || state_ == State::kUnfenced);
 }
 
+// What reads showed: key registered on every LU, and the holder everywhere in exclusive mode.
+bool Resource::key_current(const Reads& reads, Key key) const {
+  bool current = reads.ok();
+  for (std::size_t i = 0; current && i < reads.lus.size(); ++i) {
+    current = reads.registered(i, key.value()) &&
+              (options_.mode == Mode::kShared || reads.holder(i) == key.value());
+  }
+  return current;
+}
+
 void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time now) {
   BLKFENCE_ASSERT(lu < options_.lus.size());
   if (paths.empty()) {
@@ -1067,12 +1077,7 @@ void Resource::register_new_paths(Time now) {
   new_paths_.clear();
   after_monitor_prouts(now, [this, key, paths = std::move(paths)](Time from) mutable {
     read_all(true, from, [this, key, paths = std::move(paths)](Reads reads, Time at) mutable {
-      bool current = reads.ok();
-      for (std::size_t i = 0; current && i < reads.lus.size(); ++i) {
-        current = reads.registered(i, key.value()) &&
-                  (options_.mode == Mode::kShared || reads.holder(i) == key.value());
-      }
-      if (!current) {
+      if (!key_current(reads, key)) {
         // The monitor's next round, now, decides what happened to the key.
         next_check_ = at;
         keys_next_ = true;
@@ -1103,11 +1108,7 @@ void Resource::register_new_paths(Time now) {
 void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
                                     Time now) {
   read_all(true, now, [this, key, paths = std::move(paths)](Reads reads, Time at) {
-    bool current = reads.ok();
-    for (std::size_t i = 0; current && i < reads.lus.size(); ++i) {
-      current = reads.registered(i, key.value()) &&
-                (options_.mode == Mode::kShared || reads.holder(i) == key.value());
-    }
+    const bool current = key_current(reads, key);
     std::string names;
     for (const auto& [lu, path] : paths) {
       names += (names.empty() ? "" : ", ") + pr::command_device(path);

@@ -209,6 +209,7 @@ class Resource {
   void fence_preempt(std::uint16_t victim, const Reads& reads, Time now);
 
   bool holding() const;
+  bool key_current(const Reads& reads, Key key) const;
   void register_new_paths(Time now);
   void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths, Time now);
 
