@@ -1076,38 +1076,39 @@ void Resource::register_new_paths(Time now) {
   std::vector<std::pair<std::size_t, pr::Path>> paths = std::move(new_paths_);
   new_paths_.clear();
   after_monitor_prouts(now, [this, key, paths = std::move(paths)](Time from) mutable {
-    read_all(true, from, [this, key, paths = std::move(paths)](Reads reads, Time at) mutable {
-      if (!key_current(reads, key)) {
-        // The monitor's next round, now, decides what happened to the key.
-        next_check_ = at;
-        keys_next_ = true;
-        end(fail(ErrorCode::kLost,
-                 "new paths not registered: " + key.to_string() + " is not verified as current"),
-            at);
-        return;
-      }
-      std::vector<pr::Request> requests;
-      for (const auto& [lu, path] : paths) {
-        const pr::LogicalUnit one{
-            .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
-        for (auto& request :
-             pr::prout_every_path(one, codec::prout_register_and_ignore(key.value()),
-                                  "REGISTER AND IGNORE EXISTING KEY (new path)")) {
-          requests.push_back(std::move(request));
-        }
-      }
-      run(std::move(requests), at,
-          [this, key, paths = std::move(paths)](const std::vector<pr::Response>&,
-                                                Time done_at) mutable {
-            new_paths_registered(key, std::move(paths), done_at);  // the read decides
-          });
-    });
+    read_all(true, from,
+             [this, key, paths = std::move(paths)](const Reads& reads, Time at) mutable {
+               if (!key_current(reads, key)) {
+                 // The monitor's next round, now, decides what happened to the key.
+                 next_check_ = at;
+                 keys_next_ = true;
+                 end(fail(ErrorCode::kLost, "new paths not registered: " + key.to_string() +
+                                                " is not verified as current"),
+                     at);
+                 return;
+               }
+               std::vector<pr::Request> requests;
+               for (const auto& [lu, path] : paths) {
+                 const pr::LogicalUnit one{
+                     .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
+                 for (auto& request :
+                      pr::prout_every_path(one, codec::prout_register_and_ignore(key.value()),
+                                           "REGISTER AND IGNORE EXISTING KEY (new path)")) {
+                   requests.push_back(std::move(request));
+                 }
+               }
+               run(std::move(requests), at,
+                   [this, key, paths = std::move(paths)](const std::vector<pr::Response>&,
+                                                         Time done_at) mutable {
+                     new_paths_registered(key, std::move(paths), done_at);  // the read decides
+                   });
+             });
   });
 }
 
 void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
                                     Time now) {
-  read_all(true, now, [this, key, paths = std::move(paths)](Reads reads, Time at) {
+  read_all(true, now, [this, key, paths = std::move(paths)](const Reads& reads, Time at) {
     const bool current = key_current(reads, key);
     std::string names;
     for (const auto& [lu, path] : paths) {
