@@ -246,9 +246,25 @@ void Resource::end(Result<Key> result, Time now) {
   if (done) {
     done(std::move(result), now);
   }
+  if (op_ == Op::kNone && queued_) {
+    auto queued = std::move(queued_);
+    queued_ = nullptr;
+    queued(now);
+  }
   if (op_ == Op::kNone && !new_paths_.empty()) {
     register_new_paths(now);
   }
+}
+
+// A new-path registration is the resource's own business, not the caller's: an acquire or release
+// asked for meanwhile waits for it (a few round trips) instead of failing as busy. A release
+// closes the gate at once all the same.
+bool Resource::queue_behind_paths(std::function<void(Time)> op) {
+  if (op_ != Op::kPaths || queued_) {
+    return false;
+  }
+  queued_ = std::move(op);
+  return true;
 }
 
 void Resource::set_gate(bool open, Time verified_since) {
@@ -397,6 +413,10 @@ bool Resource::refuse(Mode mode, Time now, Done& done) {
 }
 
 void Resource::acquire(Time now, Done done) {
+  if (options_.mode == Mode::kExclusive &&
+      queue_behind_paths([this, done](Time at) mutable { acquire(at, std::move(done)); })) {
+    return;
+  }
   if (refuse(Mode::kExclusive, now, done)) {
     return;
   }
@@ -743,6 +763,12 @@ Time Resource::late_execution_horizon() const {
 // --- release -------------------------------------------------------------------------------------
 
 void Resource::release(Time now, Done done) {
+  if (op_ == Op::kPaths) {
+    set_gate(false, now);  // the writer stops now, whatever waits
+  }
+  if (queue_behind_paths([this, done](Time at) mutable { release(at, std::move(done)); })) {
+    return;
+  }
   if (op_ != Op::kNone) {
     done(fail(ErrorCode::kBusy, "resource " + options_.name + ": another operation is running"),
          now);

@@ -1167,5 +1167,27 @@ TEST_F(ResourceTest, AVerifyOlderThanTheLeaseOpensNoGate) {
   a->faults = nullptr;
 }
 
+// A release asked for while a new path is being registered closes the gate at once and is done
+// right after the registration, instead of failing as busy (Patroni's on_stop must not fail).
+TEST_F(ResourceTest, AReleaseDuringANewPathRegistrationWaitsForItInsteadOfFailing) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  const std::string device = "/dev/sg-n1-0-new";
+  target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(a->resource->busy()) << "the registration runs";
+  Outcome* released = a->release();
+  EXPECT_FALSE(a->resource->gate_open()) << "closed at once";
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  ASSERT_TRUE(released->result->has_value()) << released->result->error().message();
+  EXPECT_EQ(**released->result, key);
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}))
+      << "the new path was registered first";
+}
+
 }  // namespace
 }  // namespace blkfence::fence

@@ -14,8 +14,10 @@
 // our key was preempted the machine sends no PR OUT until an explicit acquire or unfence.
 //
 // One operation (acquire, release, unfence, fence) runs at a time; while it runs the monitor
-// pauses. Every callback runs from the engine's callbacks or on_time(). One thread; the engine, the
-// store and the observer must outlive the resource.
+// pauses. The registration of a new path is one too, the resource's own: an acquire or release
+// asked for meanwhile waits for it instead of failing as busy. Every callback runs from the
+// engine's callbacks or on_time(). One thread; the engine, the store and the observer must outlive
+// the resource.
 #pragma once
 
 #include <chrono>
@@ -209,6 +211,7 @@ class Resource {
   void fence_preempt(std::uint16_t victim, const Reads& reads, Time now);
 
   bool holding() const;
+  bool queue_behind_paths(std::function<void(Time)> op);
   bool key_current(const Reads& reads, Key key) const;
   void register_new_paths(Time now);
   void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths, Time now);
@@ -262,6 +265,7 @@ class Resource {
   std::optional<Leftover> leftover_;
   // New paths (LU index, path) waiting to be registered once the resource is idle.
   std::vector<std::pair<std::size_t, pr::Path>> new_paths_;
+  std::function<void(Time)> queued_;   // an acquire or release waiting for a new-path registration
   int monitor_prouts_ = 0;             // batches of PR OUTs the monitor sent, not answered yet
   std::function<void(Time)> waiting_;  // an operation's first step, waiting for them
   Counters counters_;
