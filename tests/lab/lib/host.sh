@@ -11,6 +11,29 @@ lab_cache=${BLKFENCE_LAB_CACHE:-$lab_repo/build/lab-cache}
 readonly lab_exit_skip=77
 # Exit status when the watchdog ended the test (mirrors timeout(1)).
 readonly lab_exit_watchdog=124
+# Exit status when the guest kernel reported itself wedged (soft lockup, hung task, RCU stall).
+readonly lab_exit_wedged=125
+
+# The guest kernel's own lockup detectors, and what they do (kernel command line; "sysctl." sets a
+# sysctl at boot). Each prints the stuck task's backtrace and every CPU's, then panics, and the
+# panic ends qemu (panic=1 with -no-reboot): a wedged guest costs a minute, not the host's timeout.
+# A hung task is one in state D for 30 s, checked every 5 s. loglevel=5 puts backtraces (printed
+# at the default level, 4) on the console as they happen but keeps info lines off it (a writer
+# refused by a reservation logs one per write, which at serial speed under TCG would slow the guest
+# down). On panic the kernel prints every CPU's backtrace (panic_print 64: an RCU stall panics
+# right after the CPU that saw it) and then its whole log again at every level (panic_print 32),
+# the hung task's stack (info level) and LIO's messages before the wedge included. The in-guest
+# deadline watchdog (stage2) covers a test that hangs in user space.
+readonly lab_kernel_watch=(loglevel=5 sysctl.kernel.softlockup_panic=1
+  sysctl.kernel.softlockup_all_cpu_backtrace=1 sysctl.kernel.hung_task_timeout_secs=30
+  sysctl.kernel.hung_task_check_interval_secs=5 sysctl.kernel.hung_task_panic=1
+  sysctl.kernel.hung_task_all_cpu_backtrace=1 sysctl.kernel.panic_on_rcu_stall=1
+  sysctl.kernel.panic_print=96)
+# Console lines with which the guest kernel says it is wedged.
+readonly lab_wedge_lines='BUG: soft lockup|blocked for more than [0-9]+ seconds|rcu: INFO: .*stall|self-detected stall|watchdog: Watchdog detected hard LOCKUP'
+# After the first such line, how long the guest may go on printing backtraces and panicking before
+# the host stops it (a CPU spinning with interrupts off cannot panic).
+readonly lab_wedge_grace_s=45
 
 lab_say() { printf 'lab: %s\n' "$*" >&2; }
 lab_die() { printf 'lab: error: %s\n' "$*" >&2; exit 1; }
@@ -129,14 +152,89 @@ lab_boot() {
     qemu-system-x86_64 -machine "q35,accel=$accel" -cpu max -smp 2 -m 2048
     -nodefaults -no-reboot -display none "${console[@]}"
     -kernel "$lab_kroot/boot/vmlinuz-$lab_kver" -initrd "$lab_initrd"
-    -append "console=ttyS0 panic=1 loglevel=4"
+    -append "console=ttyS0 panic=1 ${lab_kernel_watch[*]}"
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
     -virtfs "local,path=$out,mount_tag=labout,security_model=none,multidevs=remap"
   )
   lab_say "booting $lab_kver ($accel) with job $out/job.env"
   if [[ $interactive == 1 ]]; then
     "${qemu[@]}"
-  else
-    timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null >"$out/qemu.log" 2>&1
+    return
   fi
+  : >"$out/console.log"
+  timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null >"$out/qemu.log" 2>&1 &
+  local qemu_pid=$! rc=0
+  lab_watch_console "$out" "$qemu_pid" &
+  local watcher=$!
+  wait "$qemu_pid" || rc=$?
+  kill "$watcher" 2>/dev/null
+  wait "$watcher" 2>/dev/null
+  return "$rc"
+}
+
+# lab_watch_console OUT_DIR PID: waits for the guest console to report a wedged kernel; then gives
+# the guest lab_wedge_grace_s to print its backtraces and panic, and stops PID (qemu under timeout)
+# if it has not ended by then.
+lab_watch_console() {
+  local out=$1 pid=$2 try
+  # grep ends at the first match; tail follows the file until qemu is gone.
+  tail -n +1 -F --pid="$pid" "$out/console.log" 2>/dev/null | grep -m 1 -E "$lab_wedge_lines" >/dev/null ||
+    return 0
+  for ((try = 0; try < lab_wedge_grace_s * 10; try++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  lab_say "the guest kernel is wedged and did not panic within ${lab_wedge_grace_s}s: stopping qemu"
+  kill -TERM "$pid" 2>/dev/null
+}
+
+# lab_wedge_report OUT_DIR: when the console shows the guest kernel wedged, prints one line naming
+# what the detector saw, where each CPU and blocked task was (lab_wedge_where), and the lab check
+# that was running (test.log's last "=== " line and last check), and returns 0; else returns 1.
+lab_wedge_report() {
+  local out=$1 first cpus check last
+  [[ -f $out/console.log ]] || return 1
+  first=$(grep -a -m 1 -E "$lab_wedge_lines" "$out/console.log" | sed 's/^\[[ 0-9.]*\] *//; s/\r$//')
+  [[ -n $first ]] || return 1
+  cpus=$(lab_wedge_where <"$out/console.log")
+  check=$(grep -a '^=== ' "$out/test.log" 2>/dev/null | tail -n 1 | cut -c5-)
+  last=$(grep -a -E '^(ok|not ok) ' "$out/test.log" 2>/dev/null | tail -n 1)
+  printf "the guest kernel is wedged: '%s'%s, during '%s'%s; backtraces in %s\n" "$first" \
+    "${cpus:+ ($cpus)}" "${check:-the test command}" "${last:+ after '$last'}" "$out/console.log"
+}
+
+# lab_wedge_where < CONSOLE_LOG: where the wedged kernel's CPUs and blocked tasks were, from the
+# backtraces the detectors print ("CPU: N PID: P Comm: TASK" for a CPU, "task:NAME state:D" for a
+# blocked task): "CPU 0 TASK in F < G [module]; task NAME (state D) in F < G [module]", where G is
+# the block's first call-trace frame in a module and F the function the CPU was interrupted in
+# (its RIP line), else the frame just above G. Only the first backtrace of each CPU or task
+# counts: on panic the kernel prints its whole log again.
+lab_wedge_where() {
+  awk '
+    function flush() {
+      if (who != "" && !(who in seen)) {
+        seen[who] = 1
+        where = rip != "" ? rip : (above != "" ? above : top)
+        text = who (where != "" ? " in " where : "") (mod != "" && mod != where ? " < " mod : "")
+        list = list (list == "" ? "" : "; ") text
+      }
+      who = ""; rip = ""; top = ""; prev = ""; above = ""; mod = ""
+    }
+    function frame(s) { sub(/^ +/, "", s); sub(/\+0x[0-9a-f]+\/0x[0-9a-f]+/, "", s); return s }
+    { sub(/\r$/, ""); sub(/^\[[ 0-9.]*\] ?/, "") }
+    /^CPU: [0-9]+ PID: [0-9]+ Comm: / { flush(); who = "CPU " $2 " " $6; next }
+    /^task:[^ ]+ +state:D/ {
+      flush(); name = $1; sub(/^task:/, "", name)
+      who = "task " name " (state D)"; next
+    }
+    who == "" { next }
+    /^(Kernel panic|NMI backtrace|INFO: task|watchdog: |rcu: )/ { flush(); next }
+    /^RIP: [0-9a-f]+:/ { rip = frame(substr($0, index($0, ":") + 1)); sub(/^[0-9a-f]+:/, "", rip); next }
+    /^ +[A-Za-z_][A-Za-z0-9_.]*\+0x/ {
+      f = frame($0)
+      if (top == "") top = f
+      if (mod == "" && f ~ /\[[a-z0-9_]+\]$/) { mod = f; above = prev }
+      prev = f
+    }
+    END { flush(); print list }'
 }
