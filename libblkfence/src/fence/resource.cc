@@ -1337,16 +1337,45 @@ void Resource::take_back_leftover(const Reads& reads, Time now) {
 // preempts them (the reservation stays ours). Keys that outrank ours belong to an acquire in
 // progress that is about to take over, and foreign clusters' keys are not ours to judge: both are
 // left and shown in the status.
+//
+// When, per node: a stray is preempted at the first keys round at least one check_interval after
+// it was first seen, so that the PR OUTs of an acquire still running on its node are over; and a
+// node whose stray comes back after a preempt (it re-registers: S5 broken, or acquires that keep
+// failing) waits twice as long each time, up to 64 intervals. Two nodes' PR OUTs
+// that meet in the target, one removing the other's registration while the other re-keys,
+// reserves, preempts or unregisters through it, can deadlock LIO (docs/operations.md): the holder
+// must not run that cycle at the monitor's rate.
 void Resource::preempt_strays(const Reads& reads, Time now) {
   const Key key = *key_;
   std::vector<pr::Request> requests;
+  std::set<std::uint16_t> seen;
+  std::set<std::uint16_t> preempting;
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
     for (const std::uint64_t other : reads.others(i, key.value())) {
-      if ((other >> 48U) == options_.cluster_id && !outranks(other, key)) {
-        requests.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other),
-                                                "PREEMPT (stray registration)"));
+      if ((other >> 48U) != options_.cluster_id || outranks(other, key)) {
+        continue;
       }
+      const auto node = static_cast<std::uint16_t>(other >> 32U);
+      seen.insert(node);
+      const auto stray =
+          strays_.try_emplace(node, Stray{.next_preempt = now + options_.check_interval}).first;
+      if (now < stray->second.next_preempt) {
+        keys_next_ = true;  // look again when it is due
+        continue;
+      }
+      preempting.insert(node);
+      requests.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other),
+                                              "PREEMPT (stray registration)"));
     }
+  }
+  // A node that stayed away for its whole window is forgotten: its next stray starts afresh.
+  std::erase_if(strays_, [&](const auto& entry) {
+    return !seen.contains(entry.first) && now >= entry.second.next_preempt;
+  });
+  for (const std::uint16_t node : preempting) {
+    Stray& stray = strays_[node];
+    stray.preempts = std::min(stray.preempts + 1, kStrayBackoffShift);
+    stray.next_preempt = now + options_.check_interval * (1 << stray.preempts);
   }
   if (requests.empty()) {
     return;

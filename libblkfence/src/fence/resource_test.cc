@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -708,6 +709,87 @@ TEST_F(ResourceTest, RestartLeavesAStaleKeyOfItsOwnAlone) {
   const Key key = acquired(*a);
   EXPECT_GT(key.epoch(), key_b.epoch());
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value()}));
+}
+
+// The holder's PREEMPTs of a stray key (one of its cluster, ranking below its own), as sent.
+std::vector<Sent> stray_preempts(const std::vector<Sent>& mine, std::uint64_t stray) {
+  std::vector<Sent> found;
+  std::copy_if(mine.begin(), mine.end(), std::back_inserter(found), [stray](const Sent& s) {
+    return (s.is(PrOutAction::kPreempt) || s.is(PrOutAction::kPreemptAndAbort)) &&
+           s.sa_key == stray;
+  });
+  return found;
+}
+
+// How many READ KEYS of LU lu are among the commands, sent before `until`.
+std::size_t keys_reads_before(const std::vector<Sent>& mine, LuId lu, Time until) {
+  return static_cast<std::size_t>(std::count_if(mine.begin(), mine.end(), [&](const Sent& s) {
+    return s.opcode == 0x5e && s.lu == lu && s.at < until &&
+           s.action == static_cast<std::uint8_t>(codec::PrInAction::kReadKeys);
+  }));
+}
+
+// A stray is preempted only once a keys read at least one check_interval after the first that
+// showed it still shows it, so that an acquire still running on its node has sent its PR OUTs
+// before the holder removes its registration (two nodes' PR OUTs that meet there can deadlock
+// LIO; docs/operations.md).
+TEST_F(ResourceTest, AStrayIsPreemptedOneCheckIntervalAfterItIsFirstSeen) {
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  const std::uint64_t stray = key_of(kNodeA, key_b.epoch() - 1).value();
+  const std::size_t before = sent.size();
+  register_directly(nexus_of(kNodeA, 0, 0), 0, stray);
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 1; }));
+  const auto mine = b->sent_since(before);
+  const auto preempts = stray_preempts(mine, stray);
+  ASSERT_EQ(preempts.size(), 1U);
+  ASSERT_GE(keys_reads_before(mine, 0, preempts[0].at), 2U);
+  const auto first_read = std::find_if(mine.begin(), mine.end(), [](const Sent& s) {
+    return s.opcode == 0x5e && s.lu == 0 &&
+           s.action == static_cast<std::uint8_t>(codec::PrInAction::kReadKeys);
+  });
+  EXPECT_GE(preempts[0].at - first_read->at, kCheckInterval);
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key_b.value()}));
+  EXPECT_TRUE(b->resource->gate_open());
+}
+
+// A node whose stray registration comes back each time it is preempted (it re-registers by itself,
+// breaking S5) is preempted after 2, 4, 8, ... check intervals, not at every round: the holder does
+// not drive a preempt/re-register cycle at the monitor's rate. A node that then stays away for its
+// whole window is forgotten, and its next stray is preempted one interval after it is seen.
+TEST_F(ResourceTest, AStrayThatKeepsComingBackIsPreemptedLessAndLessOften) {
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  const std::uint64_t stray = key_of(kNodeA, key_b.epoch() - 1).value();
+  const std::size_t before = sent.size();
+  const Time end = now() + 70 * kCheckInterval;
+  while (now() < end) {
+    if (keys_on(0).size() == 1) {
+      register_directly(nexus_of(kNodeA, 0, 0), 0, stray);
+    }
+    run_for(milliseconds(5));
+  }
+  const auto preempts = stray_preempts(b->sent_since(before), stray);
+  ASSERT_GE(preempts.size(), 5U);
+  EXPECT_LE(preempts.size(), 7U) << "70 intervals hold 1 + 2 + 4 + 8 + 16 + 32 and no more";
+  for (std::size_t i = 1; i < preempts.size(); ++i) {
+    const int shift = std::min<int>(static_cast<int>(i), 6);
+    EXPECT_GE(preempts[i].at - preempts[i - 1].at, kCheckInterval * (1 << shift))
+        << "gap after preempt " << i;
+  }
+  EXPECT_TRUE(b->resource->gate_open());
+
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 1; }, 70 * kCheckInterval));
+  run_for(70 * kCheckInterval);
+  const std::size_t later = sent.size();
+  const Time back = now();
+  register_directly(nexus_of(kNodeA, 0, 0), 0, stray);
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 1; }));
+  const auto mine = b->sent_since(later);
+  const auto again = stray_preempts(mine, stray);
+  ASSERT_EQ(again.size(), 1U);
+  EXPECT_LE(again[0].at - back, (b->options().keys_every + 2) * kCheckInterval);
+  EXPECT_GE(keys_reads_before(mine, 0, again[0].at), 2U) << "a fresh stray waits one interval";
 }
 
 // S5: once fenced, the node sends no PR OUT at all (and so never registers) through many monitor

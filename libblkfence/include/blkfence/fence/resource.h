@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -263,6 +264,15 @@ class Resource {
     Time after{0};
   };
   std::optional<Leftover> leftover_;
+  // Stray registrations beside our reservation, by node (preempt_strays): when its keys may next
+  // be preempted, and how many times they were (the backoff doubles with each, up to
+  // 2^kStrayBackoffShift check intervals).
+  struct Stray {
+    Time next_preempt{0};
+    int preempts = 0;
+  };
+  static constexpr int kStrayBackoffShift = 6;
+  std::map<std::uint16_t, Stray> strays_;
   // New paths (LU index, path) waiting to be registered once the resource is idle.
   std::vector<std::pair<std::size_t, pr::Path>> new_paths_;
   std::function<void(Time)> queued_;   // an acquire or release waiting for a new-path registration
