@@ -78,11 +78,31 @@ bf_start() {
   return 1
 }
 
-# bf_stop NODE: SIGTERM, then wait for the process to go.
+# bf_alive PID: the process exists and has not exited (a zombie waiting for its parent has).
+bf_alive() {
+  local state
+  read -r _ _ state _ 2>/dev/null <"/proc/$1/stat" && [[ $state != Z ]]
+}
+
+# bf_stop NODE: SIGTERM, then wait until the process is gone (SIGKILL after 10 s). A daemon that
+# bf_start started inside $(...) (lab_expect does) is not this shell's child, so `wait` alone
+# would return at once, with the daemon still running.
 bf_stop() {
-  local pid
+  local pid try
   pid=$(cat "$BF/$1/pid") || return 0
   kill -TERM "$pid" 2>/dev/null
+  for ((try = 0; try < 100; try++)); do
+    bf_alive "$pid" || break
+    sleep 0.1
+  done
+  if bf_alive "$pid"; then
+    echo "bf_stop: blkfenced $1 (pid $pid) still runs 10 s after SIGTERM; killing it" >&2
+    kill -KILL "$pid" 2>/dev/null
+    for ((try = 0; try < 50; try++)); do
+      bf_alive "$pid" || break
+      sleep 0.1
+    done
+  fi
   wait "$pid" 2>/dev/null
   return 0
 }
