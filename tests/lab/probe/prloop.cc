@@ -24,11 +24,21 @@ using namespace blkfence;
 std::optional<codec::PrOutCommand> command_for(std::string_view action, std::uint64_t key,
                                                std::uint64_t victim) {
   constexpr auto kType = codec::PrType::kWriteExclusiveRegistrantsOnly;
-  if (action == "register-ignore") return codec::prout_register_and_ignore(key);
-  if (action == "reserve") return codec::prout_reserve(key, kType);
-  if (action == "release") return codec::prout_release(key, kType);
-  if (action == "preempt") return codec::prout_preempt(key, victim, kType);
-  if (action == "preempt-abort") return codec::prout_preempt_and_abort(key, victim, kType);
+  if (action == "register-ignore") {
+    return codec::prout_register_and_ignore(key);
+  }
+  if (action == "reserve") {
+    return codec::prout_reserve(key, kType);
+  }
+  if (action == "release") {
+    return codec::prout_release(key, kType);
+  }
+  if (action == "preempt") {
+    return codec::prout_preempt(key, victim, kType);
+  }
+  if (action == "preempt-abort") {
+    return codec::prout_preempt_and_abort(key, victim, kType);
+  }
   return std::nullopt;
 }
 
