@@ -1,5 +1,5 @@
 #!/bin/bash
-# The daemon side of the benchmark (issue 4, DESIGN.md §8), run inside the lab guest after
+# The daemon side of the benchmark (issue 4, docs/design.md §8), run inside the lab guest after
 # bench/fence.sh and bench/batch.sh (bench/run boots it). Two daemons, A and B, each with its own
 # configuration, socket and log under /tmp/bf/<node> and only its own nexuses (the map's sg nodes of
 # that node), as tests/lab/daemon/lib.sh runs them; resource "db" (exclusive) on the first N LUs, N

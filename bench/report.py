@@ -68,12 +68,12 @@ def main():
     if daemon_rows:
         daemon_section(daemon_rows, goals, lab_out)
 
-    print("## Goals (DESIGN.md §8)\n")
+    print("## Goals (docs/design.md §8)\n")
     if rows:
         print("`blkfencectl` is the whole command as an operator runs it (process start, sysfs "
               "discovery, ring set-up, the batch, output); `blkfencectl-batch` is the batch alone, "
               "from the first submission to the last completion, as blkfencectl's --json reports "
-              "it. DESIGN.md's reference figure (one io_uring batch on 16 LUs in 15-23 ms) is of "
+              "it. docs/design.md's reference figure (one io_uring batch on 16 LUs in 15-23 ms) is of "
               "the second kind.\n")
     for goal in goals:
         print(goal)
@@ -189,7 +189,7 @@ def clocksource(lab_out):
 
 
 def daemon_section(rows, goals, lab_out):
-    """bench/daemon.sh's tables: acquire, detection, monitor CPU (DESIGN.md §8, issue 4)."""
+    """bench/daemon.sh's tables: acquire, detection, monitor CPU (docs/design.md §8, issue 4)."""
     med = {k: statistics.median(v) for k, v in rows.items()}
     most = {k: max(v) for k, v in rows.items()}
     sizes = sorted({k[2] for k in rows if k[0] == "raw-rt"} | {k[2] for k in rows if k[0].startswith("acquire-")})

@@ -670,7 +670,7 @@ Check<ResourceConfig> read_resource(std::string_view source, const toml::table& 
     }
     resource.type = found->type;
     // SPC-4 5.13.10: under an all-registrants type READ RESERVATION reports key 0 as the holder,
-    // so "our key holds" (DESIGN.md §4, S2) could never be verified.
+    // so "our key holds" (docs/protocol.md, S2) could never be verified.
     if (resource.mode == Mode::kExclusive && codec::is_all_registrants(resource.type)) {
       return Problem(reader.at(*reader.find("type"), "type",
                                "an all-registrants type cannot be used with mode = "

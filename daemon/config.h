@@ -1,4 +1,5 @@
-// The daemon's configuration, /etc/blkfence/blkfence.toml (daemon layer; DESIGN.md §3, §6).
+// The daemon's configuration, /etc/blkfence/blkfence.toml (daemon layer; docs/protocol.md,
+// "Resources and modes"; docs/design.md §6).
 //
 // parse_config() turns TOML text into a validated Config or into one precise error that names the
 // file, the line and column, the resource and the key, so that blkfenced can refuse to start with a

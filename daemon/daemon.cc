@@ -343,7 +343,7 @@ void Daemon::feed_watchdog() {
     return;
   }
   // WATCHDOG=1 only while every resource has read its LUs recently: a daemon that cannot reach
-  // its storage, or whose loop is stuck, is restarted by systemd (DESIGN.md §6).
+  // its storage, or whose loop is stuck, is restarted by systemd (docs/design.md §6).
   const pr::Time t = now();
   if (t - last_watchdog_ < std::chrono::microseconds(watchdog_usec_ / 4)) {
     return;

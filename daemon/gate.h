@@ -1,7 +1,7 @@
 // The writer gate's effects on this node: token files and on_fenced actions (daemon layer).
 //
-// DESIGN.md §5: /run/blkfence/RESOURCE.token exists exactly while the gate is open and holds the
-// token (the key, "0x" and 16 hex digits, and a newline); it is written to a temporary file and
+// docs/design.md §5: /run/blkfence/RESOURCE.token exists exactly while the gate is open and holds
+// the token (the key, "0x" and 16 hex digits, and a newline); it is written to a temporary file and
 // renamed, so a reader never sees half a token. When the gate closes because the node was fenced
 // or lost contact, the resource's on_fenced action runs: stop or kill its systemd units through
 // sd-bus (asynchronously, on the event loop), run a command (BLKFENCE_RESOURCE, BLKFENCE_KEY,

@@ -1,6 +1,6 @@
 // blkfenced's one logging boundary: structured journal records (daemon layer).
 //
-// DESIGN.md §6: every record about a resource carries BLKFENCE_RESOURCE, and where they apply
+// docs/design.md §6: every record about a resource carries BLKFENCE_RESOURCE, and where they apply
 // BLKFENCE_KEY, BLKFENCE_EPOCH and BLKFENCE_DEVICE; the protocol's events carry a MESSAGE_ID so
 // that `journalctl MESSAGE_ID=...` finds every fence of a cluster. Under systemd (JOURNAL_STREAM
 // set, or --journal) records go to the journal with their fields; otherwise (a shell, the lab VM)

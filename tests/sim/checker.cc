@@ -1,8 +1,8 @@
-// The safety checker of the simulation (tests/sim): S1–S5 of DESIGN.md §4, each stated precisely
-// above its check, judged after the run on its record (history.h). It also replays the target's
-// PR OUT history to know which key every removed registration held, and cross-checks that replay
-// against the target's final state, so a wrong record shows up as a "checker" violation rather
-// than as a silent pass. Pure functions over the record.
+// The safety checker of the simulation (tests/sim): S1–S5 of docs/protocol.md, each stated
+// precisely above its check, judged after the run on its record (history.h). It also replays the
+// target's PR OUT history to know which key every removed registration held, and cross-checks that
+// replay against the target's final state, so a wrong record shows up as a "checker" violation
+// rather than as a silent pass. Pure functions over the record.
 #include "checker.h"
 
 #include <algorithm>
@@ -184,7 +184,7 @@ Replay replay(const Run& run, std::vector<Violation>& violations) {
   return out;
 }
 
-// S1 (DESIGN.md §4: no write from a nexus whose key was preempted lands after the preempt
+// S1 (docs/protocol.md: no write from a nexus whose key was preempted lands after the preempt
 // completed), on the target's own clock. Let P be a PR OUT record on LU L (target sequence s_P,
 // executed at P.at) issued from a nexus of node M with key K_M, whose `unregistered` list removed
 // a registration holding key K_V of another node V (V != M), where K_M has a greater epoch than

@@ -1,4 +1,4 @@
-// The safety properties of DESIGN.md §4 (S1–S5), judged on the record of one simulated run
+// The safety properties of docs/protocol.md (S1–S5), judged on the record of one simulated run
 // (tests/sim). The checker sees only what history.h records: the target's PR OUT and write
 // history, each node's commands as submitted and reaped, the driver's calls and the observers'
 // gates and events. Each property is stated precisely in checker.cc, above its check. Pure.

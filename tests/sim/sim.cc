@@ -152,7 +152,8 @@ Config draw_config(Rng& rng, const Cli& cli) {
                                             .delay_max = c.command_timeout * 3 / 2};
   // Writes may be held in the target's task set only where PREEMPT AND ABORT clears it: under a
   // plain PREEMPT a write held across the preempt lands after it (SPC-4 5.13.11.2.4, the hazard
-  // of DESIGN.md §4 S1 that the configuration choice is about), and no protocol can prevent it.
+  // of S1 (docs/protocol.md) that the configuration choice is about), and no protocol can prevent
+  // it.
   c.writer_faults =
       transport::RandomFaults{.drop_request = rng.rate(10),
                               .drop_response = rng.rate(10),

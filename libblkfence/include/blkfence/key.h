@@ -1,6 +1,6 @@
 // The reservation key, which is also the fencing token (fence layer).
 //
-// DESIGN.md §2: a key is 8 bytes, cluster:16 | node:16 | epoch:32, big-endian on the wire. The
+// docs/design.md §2: a key is 8 bytes, cluster:16 | node:16 | epoch:32, big-endian on the wire. The
 // cluster field is derived from the configured cluster name so that keys of different clusters
 // sharing a target never compare equal; the node field is the configured node id (1..65535, never
 // 0, so a key is never the all-zero "no key" of SPC-4); the epoch grows on every acquisition of a

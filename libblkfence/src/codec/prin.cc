@@ -2,7 +2,7 @@
 //
 // Layouts per SPC-4 6.15 as LIO writes them (target_core_pr.c: core_scsi3_pri_read_keys(),
 // core_scsi3_pri_read_reservation(), core_scsi3_pri_report_capabilities(),
-// core_scsi3_pri_read_full_status()); see kernel-interfaces.md §1.5.
+// core_scsi3_pri_read_full_status()); see docs/reference/spc4-pr.md §5 and lio.md §1.
 #include "blkfence/codec/prin.h"
 
 #include <string>
@@ -84,7 +84,8 @@ Result<ReadReservation> decode_read_reservation(Bytes response) {
   if (framed->additional_length == 0) {
     return result;  // no reservation
   }
-  // LIO writes ADDITIONAL LENGTH 16 but no key or type below 22 bytes (§1.5): unknown, not none.
+  // LIO writes ADDITIONAL LENGTH 16 but no key or type below 22 bytes (lio.md §1): unknown, not
+  // none.
   if (body.size() < kReservationSize) {
     result.truncated = true;
     return result;

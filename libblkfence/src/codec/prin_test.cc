@@ -1,6 +1,6 @@
-// Proves PR IN CDBs byte for byte (kernel-interfaces.md §6.5 verbatim) and that every PR IN decoder
-// reads golden responses laid out as LIO writes them, never reads past the buffer whatever a
-// length field claims (each tried at 0, 1, the real size, the type's maximum and more than the
+// Proves PR IN CDBs byte for byte (docs/reference/spc4-pr.md §11 verbatim) and that every PR IN
+// decoder reads golden responses laid out as LIO writes them, never reads past the buffer whatever
+// a length field claims (each tried at 0, 1, the real size, the type's maximum and more than the
 // buffer holds), reports truncation with the device's claim, and fails only below the header.
 //
 // Goldens follow SPC-4 6.15 and LIO's writers (target_core_pr.c: core_scsi3_pri_read_keys(),
@@ -38,7 +38,7 @@ std::vector<std::uint8_t> with_additional_length(std::vector<std::uint8_t> respo
   return response;
 }
 
-TEST(PrinCdb, WorkedExamplesFromKernelInterfaces) {
+TEST(PrinCdb, WorkedExamplesOfTheReference) {
   EXPECT_EQ(cdb_bytes(encode_prin_cdb(PrInAction::kReadKeys, 8192)),
             hex("5E 00 00 00 00 00 00 20 00 00"));
   EXPECT_EQ(cdb_bytes(encode_prin_cdb(PrInAction::kReadReservation, 24)),

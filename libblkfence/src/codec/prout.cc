@@ -1,7 +1,7 @@
 // PERSISTENT RESERVE OUT encoding (codec layer). Pure, thread-safe.
 //
 // Layouts per SPC-4 6.16 as LIO parses them (target_core_pr.c: target_scsi3_emulate_pr_out(),
-// core_scsi3_emulate_pro_register_and_move()); see kernel-interfaces.md §1.1-1.2.
+// core_scsi3_emulate_pro_register_and_move()); see docs/reference/spc4-pr.md §3.
 #include "blkfence/codec/prout.h"
 
 #include <string>

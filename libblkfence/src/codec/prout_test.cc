@@ -1,5 +1,5 @@
-// Proves PR OUT encoding byte for byte: the worked examples of kernel-interfaces.md §6.5 verbatim,
-// every service action, the flag bits, SPEC_I_PT TransportIDs and REGISTER AND MOVE, the
+// Proves PR OUT encoding byte for byte: the worked examples of docs/reference/spc4-pr.md §11
+// verbatim, every service action, the flag bits, SPEC_I_PT TransportIDs and REGISTER AND MOVE, the
 // PARAMETER LIST LENGTH field at its limits, and that combinations SPC-4 rejects are refused.
 //
 // Cross-checked offline against sg3_utils 1.46: sg_persist prints the CDB and parameter list it
@@ -25,8 +25,8 @@ using test::hex;
 using test::kKeyA;
 using test::kKeyB;
 
-// kernel-interfaces.md §6.5, the three PR OUT rows, cells pasted as they are.
-TEST(ProutGolden, WorkedExamplesFromKernelInterfaces) {
+// docs/reference/spc4-pr.md §11, the three PR OUT rows, cells pasted as they are.
+TEST(ProutGolden, WorkedExamplesOfTheReference) {
   const PrOutCommand register_b = prout_register_and_ignore(kKeyB);
   EXPECT_EQ(cdb_bytes(register_b.cdb), hex("5F 06 00 00 00 00 00 00 18 00"));
   EXPECT_EQ(register_b.parameters,

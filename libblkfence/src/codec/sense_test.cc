@@ -2,7 +2,7 @@
 // taken only when the device marks it valid, that ADDITIONAL SENSE LENGTH is tried at 0, 1, its
 // real value and 255 (more than the buffer) without reading past the buffer, that short or garbage
 // sense decodes as far as it goes and says so, and that classify() gives the retry categories of
-// kernel-interfaces.md §6.4.
+// docs/reference/spc4-pr.md §8.
 //
 // Cross-checked offline against sg3_utils 1.46: `sg_decode_sense <hex bytes>` decodes every golden
 // below to the same format, current/deferred, sense key and ASC/ASCQ, and the same INFORMATION

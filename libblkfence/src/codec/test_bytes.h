@@ -1,6 +1,6 @@
 // Golden byte vectors from text, for the codec tests only (codec layer, not installed).
 //
-// Accepts the notation of kernel-interfaces.md §6.5 so that its worked examples can be pasted
+// Accepts the notation of docs/reference/spc4-pr.md §11 so that its worked examples can be pasted
 // verbatim: hex bytes separated by spaces, "00×8" (or "00x8") for a repeated byte, and "│" or "|"
 // as a visual separator. A malformed golden is a bug in the test and asserts.
 #pragma once
@@ -63,7 +63,7 @@ inline std::vector<std::uint8_t> ascii(std::string_view text, std::size_t size) 
   return bytes;
 }
 
-// The keys of kernel-interfaces.md §6.5's worked examples (node A, node B).
+// The keys of docs/reference/spc4-pr.md §11's worked examples (node A, node B).
 inline constexpr std::uint64_t kKeyA = 0x4c494f0000000001ULL;
 inline constexpr std::uint64_t kKeyB = 0x4c494f0000000002ULL;
 

@@ -1,6 +1,6 @@
-// Proves the key layout of DESIGN.md §2 (cluster:16 | node:16 | epoch:32, big-endian on the wire),
-// that the cluster id derivation is stable, and that parsing accepts what users type and rejects
-// what is not a key (0, overlong, non-hex, node id 0).
+// Proves the key layout of docs/design.md §2 (cluster:16 | node:16 | epoch:32, big-endian on the
+// wire), that the cluster id derivation is stable, and that parsing accepts what users type and
+// rejects what is not a key (0, overlong, non-hex, node id 0).
 #include "blkfence/key.h"
 
 #include <array>

@@ -775,7 +775,7 @@ void Resource::release(Time now, Done done) {
     return;
   }
   begin(Op::kRelease, std::move(done));
-  // The writer stops before anything else happens (DESIGN.md §4, release).
+  // The writer stops before anything else happens (docs/protocol.md, Release).
   set_gate(false, now);
   if (!key_) {
     set_state(State::kReleased, "released (this node held no key)");
@@ -878,7 +878,7 @@ void Resource::unfence(Time now, Done done) {
   }
   begin(Op::kUnfence, std::move(done));
   new_paths_.clear();          // every path is registered
-  const Key key = key_for(0);  // DESIGN.md §3: shared members register with epoch 0
+  const Key key = key_for(0);  // docs/protocol.md, "Shared mode": members register with epoch 0
   key_ = key;
   fenced_by_.reset();
   set_state(State::kUnfencing, "registering " + key.to_string());
@@ -1225,7 +1225,7 @@ void Resource::check_done(Reads reads, Time started, Time now) {
   counters_.check_latency_max = std::max(counters_.check_latency_max, latency);
   if (reads.unit_attention) {
     // Reservations preempted or released, registrations preempted, a reset: look again now,
-    // keys included (DESIGN.md §4, monitor).
+    // keys included (docs/protocol.md, Monitor).
     keys_next_ = true;
     next_check_ = now;
   }

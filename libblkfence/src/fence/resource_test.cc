@@ -1,4 +1,4 @@
-// Proves fence::Resource, the exclusive and shared protocols of DESIGN.md §3–§4, against the
+// Proves fence::Resource, the exclusive and shared protocols of docs/protocol.md, against the
 // simulated SPC-4 target, driven the way blkfenced drives it (pump the engine, feed the time, ask
 // next_wake()) on a SimClock, so nothing sleeps. Node A reaches each of three LUs through two
 // nexuses (multipath), node B through one. What each test proves is said above it: acquire

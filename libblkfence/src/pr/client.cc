@@ -13,7 +13,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // READ KEYS: 8 bytes a registration, room for 1023 of them. READ FULL STATUS: LIO drops the
-// descriptors that do not fit without counting them (kernel-interfaces.md §1.5), so ask for a lot.
+// descriptors that do not fit without counting them (docs/reference/lio.md §1), so ask for a lot.
 constexpr std::uint16_t kReadKeysAllocation = 8192;
 constexpr std::uint16_t kFullStatusAllocation = 16384;
 constexpr std::uint16_t kCapabilitiesAllocation = 8;

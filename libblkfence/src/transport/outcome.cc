@@ -4,8 +4,9 @@
 // classify() is the one place that decides what an sg answer means, for both transports. Its rule
 // for fencing: kTransportError only where the host says the command never reached the LU, so that
 // retrying it (on this or another path) cannot execute it twice; anything that may have reached
-// the LU without a usable answer is kIndeterminate, and the caller re-reads state (DESIGN.md §4,
-// S4). Codes are those of 6.1 (include/scsi/scsi_status.h, scsi_error.c, scsi_lib.c).
+// the LU without a usable answer is kIndeterminate, and the caller re-reads state
+// (docs/protocol.md, S4). Codes are those of 6.1 (include/scsi/scsi_status.h, scsi_error.c,
+// scsi_lib.c).
 #include <algorithm>
 
 #include "blkfence/assert.h"

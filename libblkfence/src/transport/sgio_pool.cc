@@ -1,5 +1,6 @@
 // Blocking SG_IO on a bounded pool of threads (transport layer): the transport to use when the
-// kernel refuses io_uring (kernel-interfaces.md §5.4), and the only one that takes block devices.
+// kernel refuses io_uring (docs/reference/linux-sg.md §3), and the only one that takes block
+// devices.
 //
 // Each command is a Job: its SgRequest (header and buffers), the fd it runs on and its state. The
 // transport's thread and the one worker running a job share it through shared_ptr, so that a

@@ -146,8 +146,8 @@ bool is_write_exclusive(std::uint8_t type) {
 
 // core_scsi3_pr_seq_non_holder(): whether a command from a nexus that does not hold the
 // reservation conflicts with it. Explicitly allowed commands pass; everything else falls to the
-// generic rules, where a write is any command whose data goes to the device (kernel-interfaces.md
-// §1.4).
+// generic rules, where a write is any command whose data goes to the device (docs/reference/lio.md
+// §3).
 bool non_holder_conflicts(std::uint8_t type, bool registered, const Command& command) {
   bool conflict = true;
   bool other_cdb = false;
@@ -755,7 +755,8 @@ class PrOutExecution {
     return good();
   }
 
-  // core_scsi3_emulate_pro_preempt() and core_scsi3_pro_preempt() (kernel-interfaces.md §1.11).
+  // core_scsi3_emulate_pro_preempt() and core_scsi3_pro_preempt() (docs/reference/spc4-pr.md §4,
+  // lio.md §4).
   SimAnswer preempt(bool abort) {
     if (!is_valid_type(in_.type)) {
       return check_condition(kInvalidFieldInCdb);  // even where TYPE is then ignored
@@ -793,7 +794,7 @@ class PrOutExecution {
         }
       }
       if (unmatched) {
-        return conflict();  // a retried preempt that already worked ends here (§1.11)
+        return conflict();  // a retried preempt that already worked ends here (spc4-pr.md §4)
       }
       if (all_registrants && in_.sa_key == 0) {
         lu_.holder = Lu::Holder{nexus_, in_.type};
@@ -818,7 +819,7 @@ class PrOutExecution {
     lu_.holder = Lu::Holder{nexus_, in_.type};
     if (aborting_) {
       // LIO adds the preemptor's own registration to the abort list, so its own commands
-      // accepted under its key are aborted too (kernel-interfaces.md §1.10).
+      // accepted under its key are aborted too (docs/reference/lio.md §4).
       abort_keys_.push_back(caller_key);
     }
     if (previous_type != in_.type) {

@@ -1,9 +1,9 @@
-// Proves that SimTarget answers as LIO does (kernel-interfaces.md §1 and §6), through CDBs built by
+// Proves that SimTarget answers as LIO does (docs/reference/lio.md), through CDBs built by
 // the codec's encoders and answers read by its decoders: REGISTER against REGISTER AND IGNORE
 // EXISTING KEY, key changes and unregistering (the holder's implicit release, per type); RESERVE by
 // the holder, a non-holder and an unregistered nexus (LIO's NOT READY 08/00); RELEASE by a
 // non-holder (a GOOD no-op) and with the wrong TYPE (conflict); CLEAR with its 2A/03 unit
-// attentions; every PREEMPT case of §1.11, with 2A/05 and 2A/04 where LIO sets them;
+// attentions; every PREEMPT case of spc4-pr.md §4, with 2A/05 and 2A/04 where LIO sets them;
 // PRgeneration after each step as LIO counts it (no bump on unregister); which nexus may write
 // and read under each of the six types; a unit attention reported once, the highest first, all
 // cleared, and the command that got it not executed; the PR IN layouts and LIO's truncation
@@ -136,7 +136,7 @@ class SimTargetTest : public ::testing::Test {
   LuId lu = target.add_lu();
 };
 
-// --- REGISTER and REGISTER AND IGNORE EXISTING KEY (§1.3, §1.12) ---
+// --- REGISTER and REGISTER AND IGNORE EXISTING KEY (spc4-pr.md §3.3) ---
 
 TEST_F(SimTargetTest, RegisterFromAnUnregisteredNexusNeedsKeyZero) {
   EXPECT_TRUE(is_conflict(prout(kA1, codec::prout_register(kKeyB, kKeyA))));
@@ -195,9 +195,9 @@ TEST_F(SimTargetTest, EachPathOfANodeIsItsOwnRegistration) {
   EXPECT_EQ(generation(), 3U);
 }
 
-// The holder's unregister releases the reservation (§1.9): RO types tell the remaining registrants
-// (2A/04), WE/EA types tell nobody, and an AR reservation stays with the first remaining
-// registration.
+// The holder's unregister releases the reservation (lio.md §5): RO types tell the remaining
+// registrants (2A/04), WE/EA types tell nobody, and an AR reservation stays with the first
+// remaining registration.
 TEST_F(SimTargetTest, UnregisteringTheHolderReleasesPerType) {
   for (const PrType type : kAllTypes) {
     SCOPED_TRACE(codec::to_string(type));
@@ -229,7 +229,7 @@ TEST_F(SimTargetTest, UnregisteringTheHolderReleasesPerType) {
   }
 }
 
-// --- RESERVE (§1.3, §1.8) ---
+// --- RESERVE (spc4-pr.md §3.3, lio.md §1) ---
 
 TEST_F(SimTargetTest, ReserveFromAnUnregisteredNexusIsLiosNotReady0800) {
   EXPECT_TRUE(is_sense(reserve(kStranger, 0, PrType::kWriteExclusiveRegistrantsOnly),
@@ -352,7 +352,7 @@ TEST_F(SimTargetTest, ClearRemovesEverythingAndTellsEveryoneElse2A03) {
   EXPECT_EQ(target.history().prouts.back().unregistered, (std::vector<NexusId>{kA1, kA2, kB, kC}));
 }
 
-// --- PREEMPT and PREEMPT AND ABORT (§1.11) ---
+// --- PREEMPT and PREEMPT AND ABORT (spc4-pr.md §4, lio.md §4) ---
 
 TEST_F(SimTargetTest, PreemptOfTheHolderTakesItAndRemovesEveryPathOfTheVictim) {
   set_up_holder(PrType::kWriteExclusiveRegistrantsOnly);
@@ -473,7 +473,7 @@ TEST_F(SimTargetTest, SelfPreemptChangesTheTypeAndDropsTheHoldersOtherPaths) {
   EXPECT_EQ(target.unit_attentions(lu, kA2), std::vector<UnitAttention>{kUaRegistrationsPreempted});
 }
 
-// --- PRgeneration (§1.6) ---
+// --- PRgeneration (spc4-pr.md §6, lio.md §1) ---
 
 TEST_F(SimTargetTest, PrGenerationFollowsLioStepByStep) {
   const auto step = [this](const SimAnswer& answer, std::uint32_t expected) {
@@ -496,7 +496,7 @@ TEST_F(SimTargetTest, PrGenerationFollowsLioStepByStep) {
   EXPECT_EQ(target.history().prouts.back().generation, 6U);
 }
 
-// --- Who may write and read (§1.4, core_scsi3_pr_seq_non_holder) ---
+// --- Who may write and read (lio.md §3, core_scsi3_pr_seq_non_holder) ---
 
 struct AccessCase {
   PrType type;
@@ -559,14 +559,14 @@ TEST_F(SimTargetTest, WithoutAReservationAnyNexusWrites) {
   EXPECT_EQ(target.block(lu, 0), std::vector<std::uint8_t>(512, 0x5a));
 }
 
-// --- Unit attentions (§1.9, §6) ---
+// --- Unit attentions (lio.md §5) ---
 
 TEST_F(SimTargetTest, AUnitAttentionIsReportedOnceAndItsCommandDoesNotExecute) {
   set_up_holder(PrType::kWriteExclusiveRegistrantsOnly);
   ASSERT_TRUE(is_good(prout(
       kB, codec::prout_preempt_and_abort(kKeyB, kKeyA, PrType::kWriteExclusiveRegistrantsOnly))));
   const std::uint32_t before = generation();
-  // A1 re-registers: the REGISTER gets the UA and does not happen (DESIGN.md §7).
+  // A1 re-registers: the REGISTER gets the UA and does not happen (docs/design.md §7).
   EXPECT_TRUE(is_unit_attention(register_key(kA1, kKeyA), kUaRegistrationsPreempted));
   EXPECT_EQ(keys(), (std::vector<std::uint64_t>{kKeyB, kKeyC}));
   EXPECT_EQ(generation(), before);
@@ -620,7 +620,7 @@ TEST_F(SimTargetTest, CdbErrorsComeBeforeTheUnitAttention) {
   EXPECT_EQ(target.unit_attentions(lu, kA1), std::vector<UnitAttention>{kUaItNexusLoss});
 }
 
-// --- PR OUT parameter list checks (§1.2) ---
+// --- PR OUT parameter list checks (spc4-pr.md §3.2) ---
 
 TEST_F(SimTargetTest, ParameterListErrorsAreLios) {
   ASSERT_TRUE(is_good(register_key(kA1, kKeyA)));
@@ -649,7 +649,7 @@ TEST_F(SimTargetTest, ParameterListErrorsAreLios) {
   EXPECT_TRUE(is_sense(run(kA1, truncated), SenseKey::kIllegalRequest, 0x1a, 0x00));
 }
 
-// --- PR IN (§1.5) ---
+// --- PR IN (spc4-pr.md §5, lio.md §1) ---
 
 TEST_F(SimTargetTest, ReadKeysCountsEveryKeyButCopiesOnlyWholeOnesThatFit) {
   set_up_holder(PrType::kWriteExclusiveRegistrantsOnly);
@@ -779,7 +779,7 @@ TEST_F(SimTargetTest, InquiryGivesSerialAndNaaDesignator) {
   EXPECT_TRUE(is_sense(run(kA1, unknown_page), SenseKey::kIllegalRequest, 0x24, 0x00));
 }
 
-// --- REGISTER AND MOVE (§1.13) ---
+// --- REGISTER AND MOVE (spc4-pr.md §3.3) ---
 
 codec::PrOutCommand register_and_move(std::uint64_t key, std::uint64_t sa_key, NexusId to,
                                       bool unreg) {
@@ -817,7 +817,7 @@ TEST_F(SimTargetTest, RegisterAndMoveHandsTheReservationToAnotherNexus) {
   EXPECT_TRUE(is_conflict(prout(kC, register_and_move(kKeyC, kKeyA, kA1, false))));
 }
 
-// --- APTPL (DESIGN.md §7: LIO without /var/target/pr) ---
+// --- APTPL (docs/design.md §7: LIO without /var/target/pr) ---
 
 TEST_F(SimTargetTest, MissingAptplDirectoryAnswersNotReadyAfterTheChange) {
   LuConfig config;
@@ -831,7 +831,8 @@ TEST_F(SimTargetTest, MissingAptplDirectoryAnswersNotReadyAfterTheChange) {
       broken, kA1, prout_command(codec::prout_reserve(kKeyA, PrType::kWriteExclusive)))));
 }
 
-// --- Held commands: PREEMPT AND ABORT vs PREEMPT (§1.10, DESIGN.md §4 S1) ---
+// --- Held commands: PREEMPT AND ABORT vs PREEMPT (docs/reference/lio.md §4, docs/protocol.md S1)
+// ---
 
 struct Held {
   std::optional<SimAnswer> answer;
@@ -887,7 +888,7 @@ TEST_F(SimTargetTest, PlainPreemptLetsAHeldWriteOfTheVictimLandAfterIt) {
   EXPECT_TRUE(is_conflict(run(kA1, write_command(6, 0xaa))));
 }
 
-// LIO picks commands to abort by the holder's key when each passed its checks (§1.10): a
+// LIO picks commands to abort by the holder's key when each passed its checks (lio.md §4): a
 // registrant's write under A's reservation carries A's key and is aborted with A's; a write
 // accepted while nobody held carries 0 and is never aborted, even from the victim.
 TEST_F(SimTargetTest, PreemptAndAbortMatchesTheHolderKeySnapshot) {

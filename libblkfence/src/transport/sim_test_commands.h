@@ -97,7 +97,7 @@ inline Command read_command(std::uint64_t lba, std::uint32_t blocks = 1, bool wi
   return command;
 }
 
-// S1 (DESIGN.md §4): landed writes from a nexus after a PR OUT removed its registration on that
+// S1 (docs/protocol.md): landed writes from a nexus after a PR OUT removed its registration on that
 // LU, and before it registered again.
 inline std::vector<WriteRecord> s1_violations(const SimHistory& history) {
   std::vector<WriteRecord> violations;

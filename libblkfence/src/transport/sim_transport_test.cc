@@ -194,7 +194,7 @@ TEST_F(SimTransportTest, ALostCommandIsIndeterminateAndNeverExecutes) {
   EXPECT_TRUE(target.history().prouts.empty());
 }
 
-// The hazard of DESIGN.md §4 (S4): the caller has its kIndeterminate, and the command executes
+// The hazard of S4 (docs/protocol.md): the caller has its kIndeterminate, and the command executes
 // afterwards, whether it was late on the way or held in the target.
 TEST_F(SimTransportTest, ALateCommandExecutesAfterItsCallerGaveUp) {
   for (const bool held_in_target : {false, true}) {

@@ -4,7 +4,7 @@
 // The transport owns every command's Slot (its SgRequest: header, CDB, sense and data buffers) from
 // submit() until the kernel has given it back, and every path's fd until the kernel has given back
 // the last command written on it. Used from one thread; nothing here is thread-safe, and no thread
-// is created (completions are poll-driven task work, DESIGN.md §7).
+// is created (completions are poll-driven task work, docs/design.md §7).
 //
 // How a command travels. submit() appends it to its path's FIFO; pump() writes it with
 // IORING_OP_WRITE of its sg_io_hdr as soon as the fd has one of its 16 slots free (sg.c:
@@ -15,7 +15,7 @@
 // the slot, whose own sense and data-in buffers sg fills inside that read(). The POLL_ADD is then
 // armed again while commands remain.
 //
-// Why not IORING_OP_READ (kernel-interfaces.md §2.4, §5). A READ on an O_NONBLOCK sg fd is tried
+// Why not IORING_OP_READ (docs/reference/linux-sg.md §2). A READ on an O_NONBLOCK sg fd is tried
 // inline, gets -EAGAIN and is left to io_uring's internal poll, which serves a request once; in
 // the lab (LIO over iSCSI, Debian's 6.1) bare READs lost the answer of 1 command in 10 and of 3
 // batches of 8 in 5 — sg had the answer, the READ never came back — and READs linked behind a
@@ -27,12 +27,12 @@
 //
 // Deadlines and zombies. A command whose deadline (Command::timeout, counted from its write, plus
 // a grace for sg's own timeout handling) passes is reported kIndeterminate; its Slot stays, a
-// zombie, with its pack_id and buffers, until the READ brings its answer, which is then dropped.
+// zombie, with its pack_id and buffers, until a read() brings its answer, which is then dropped.
 // close_path() reports what the kernel holds the same way and keeps the fd open until the last
-// zombie is read. Only the destructor gives up on zombies: it cancels the armed READs, waits for
-// their CQEs (and for any WRITE still in the ring), exits the ring and closes the fds. That is safe
-// because sg writes a command's sense and data-in only inside the read() that returns it; a command
-// that finishes after its fd is closed is freed by a worker without any copy to user memory
+// zombie is read. Only the destructor gives up on zombies: it cancels the armed POLL_ADDs, waits
+// for their CQEs (and for any WRITE still in the ring), exits the ring and closes the fds. That is
+// safe because sg writes a command's sense and data-in only inside the read() that returns it; a
+// command that finishes after its fd is closed is freed by a worker without any copy to user memory
 // (block/blk-map.c: bio_uncopy_user(), "the request is orphaned").
 //
 // The ring is set up plain. Answers arrive as poll wake-ups that run as task work in this thread;
@@ -61,7 +61,7 @@ namespace detail {
 namespace {
 
 constexpr unsigned kRingEntries = 256;
-constexpr unsigned kCqEntries = 4096;          // WRITE + READ CQEs of many paths at once
+constexpr unsigned kCqEntries = 4096;          // WRITE and POLL_ADD CQEs of many paths at once
 constexpr std::size_t kPathWaitingMax = 1024;  // commands queued per path behind the 16
 constexpr int kWriteAttemptsMax = 3;           // for a WRITE that came back -EAGAIN
 constexpr std::chrono::milliseconds kShutdownWaitMax{2000};
@@ -101,8 +101,8 @@ Error setup_error(int error_number) {
                    "(RLIMIT_MEMLOCK, kernels before 5.12) or the memory cgroup");
     case EINVAL:
       return Error(ErrorCode::kNotSupported,
-                   "io_uring_setup: EINVAL: the kernel's io_uring is too old (IORING_OP_READ and "
-                   "IORING_OP_WRITE need 5.6)");
+                   "io_uring_setup: EINVAL: the kernel's io_uring is too old (IORING_OP_WRITE "
+                   "needs 5.6)");
     default: return Error::os(error_number, "io_uring_setup");
   }
 }
@@ -133,8 +133,7 @@ class Ring {
     if (!probe) {
       return fail(ErrorCode::kNotSupported, "io_uring: no opcode probe (kernel before 5.6)");
     }
-    for (const int op :
-         {IORING_OP_WRITE, IORING_OP_READ, IORING_OP_POLL_ADD, IORING_OP_ASYNC_CANCEL}) {
+    for (const int op : {IORING_OP_WRITE, IORING_OP_POLL_ADD, IORING_OP_ASYNC_CANCEL}) {
       if (io_uring_opcode_supported(probe.get(), op) == 0) {
         return fail(ErrorCode::kNotSupported,
                     "io_uring: opcode " + std::to_string(op) + " not supported by this kernel");
@@ -180,10 +179,10 @@ struct Path {
   UniqueFd fd;
   std::deque<std::uint64_t> waiting;  // slots not yet written, oldest first
   std::size_t in_kernel = 0;          // written and not yet given back, at most kSgQueueDepth
-  bool read_armed = false;            // a POLL_ADD(POLLIN) is in the ring
+  bool poll_armed = false;            // a POLL_ADD(POLLIN) is in the ring
   bool cancel_sent = false;
   bool closed = false;   // close_path() was called: kept only until the kernel gives back the rest
-  int broken_errno = 0;  // a READ failed for good: this fd will give nothing more back
+  int broken_errno = 0;  // a read() failed for good: this fd will give nothing more back
   sg_io_hdr answer{};    // what the last read() returned
 };
 
@@ -304,7 +303,8 @@ class UringTransport final : public TransportImpl {
       const auto until = std::min(end, earliest_deadline().value_or(end));
       __kernel_timespec ts = to_timespec(until - now);
       io_uring_cqe* cqe = nullptr;
-      // Submits what the handlers prepared (re-armed READs, writes of queued commands) and waits.
+      // Submits what the handlers prepared (re-armed POLL_ADDs, writes of queued commands) and
+      // waits.
       const int rc = io_uring_submit_and_wait_timeout(ring_->get(), &cqe, 1, &ts, nullptr);
       if (rc < 0 && !is_transient(-rc) && rc != -ETIME) {
         wakeup_.arm(earliest_deadline());
@@ -392,7 +392,7 @@ class UringTransport final : public TransportImpl {
     }
   }
 
-  // Writes queued commands while the fd has free slots; keeps one READ armed while any is out.
+  // Writes queued commands while the fd has free slots; keeps one POLL_ADD armed while any is out.
   void pump(Path& path, Clock::time_point now) {
     if (stopping_ || path.broken_errno != 0) {
       return;
@@ -410,7 +410,7 @@ class UringTransport final : public TransportImpl {
       slot.deadline = now + slot.request.timeout() + options_.deadline_grace;
       ++path.in_kernel;
     }
-    if (path.in_kernel > 0 && !path.read_armed) {
+    if (path.in_kernel > 0 && !path.poll_armed) {
       arm_read(path);
     }
   }
@@ -420,11 +420,11 @@ class UringTransport final : public TransportImpl {
     io_uring_sqe* sqe = get_sqe(1);
     io_uring_prep_poll_add(sqe, path.fd.get(), POLLIN);
     io_uring_sqe_set_data64(sqe, user_data(Op::kPoll, path.id));
-    path.read_armed = true;
+    path.poll_armed = true;
     path.cancel_sent = false;
   }
 
-  void cancel_read(Path& path) {
+  void cancel_poll(Path& path) {
     io_uring_sqe* sqe = get_sqe(1);
     io_uring_prep_cancel64(sqe, user_data(Op::kPoll, path.id), 0);
     io_uring_sqe_set_data64(sqe, user_data(Op::kCancel, path.id));
@@ -448,7 +448,7 @@ class UringTransport final : public TransportImpl {
       break_path(path, n < 0 ? errno : EIO, now);
       return;
     }
-    if (path.in_kernel > 0 && !path.read_armed && !stopping_ && path.broken_errno == 0) {
+    if (path.in_kernel > 0 && !path.poll_armed && !stopping_ && path.broken_errno == 0) {
       arm_read(path);
     }
   }
@@ -458,11 +458,11 @@ class UringTransport final : public TransportImpl {
     if (!path.closed || path.in_kernel > 0) {
       return;
     }
-    if (path.read_armed) {
+    if (path.poll_armed) {
       if (!path.cancel_sent) {
-        cancel_read(path);
+        cancel_poll(path);
       }
-      return;  // its READ's CQE comes back here
+      return;  // its POLL_ADD's CQE comes back here
     }
     paths_.erase(path.id);  // closes the fd; path is gone
   }
@@ -499,7 +499,7 @@ class UringTransport final : public TransportImpl {
     switch (static_cast<Op>(data >> kOpShift)) {
       case Op::kWrite: on_write(id, res, now); return;
       case Op::kPoll: on_poll(static_cast<PathId>(id), res, now); return;
-      case Op::kCancel: return;  // the cancelled READ reports for itself
+      case Op::kCancel: return;  // the cancelled POLL_ADD reports for itself
     }
   }
 
@@ -537,7 +537,7 @@ class UringTransport final : public TransportImpl {
     const auto it = paths_.find(path_id);
     BLKFENCE_ASSERT(it != paths_.end());  // a path lives while its POLL_ADD is in the ring
     Path& path = *it->second;
-    path.read_armed = false;
+    path.poll_armed = false;
     if (res < 0 && res != -ECANCELED) {
       break_path(path, -res, now);  // the fd cannot be waited on: nothing more will come back
     } else if (!stopping_) {
@@ -609,7 +609,7 @@ class UringTransport final : public TransportImpl {
 
   bool kernel_holds_memory() const {
     return std::any_of(paths_.begin(), paths_.end(),
-                       [](const auto& p) { return p.second->read_armed; }) ||
+                       [](const auto& p) { return p.second->poll_armed; }) ||
            std::any_of(slots_.begin(), slots_.end(),
                        [](const auto& s) { return !s.second->write_done; });
   }
@@ -619,8 +619,8 @@ class UringTransport final : public TransportImpl {
   void shut_down() {
     stopping_ = true;
     for (auto& [id, path] : paths_) {
-      if (path->read_armed) {
-        cancel_read(*path);
+      if (path->poll_armed) {
+        cancel_poll(*path);
       }
     }
     (void)io_uring_submit(ring_->get());
@@ -632,10 +632,11 @@ class UringTransport final : public TransportImpl {
       drain_cqes(Clock::now());
     }
     if (kernel_holds_memory()) {
-      // A READ or WRITE stuck in io-wq may still copy into these: leaking them beats corrupting
-      // the heap. Never seen with O_NONBLOCK fds, where neither blocks.
+      // A WRITE stuck in io-wq may still read a slot, and a POLL_ADD still names its path:
+      // leaking them beats corrupting the heap. Never seen with O_NONBLOCK fds, where neither
+      // blocks.
       for (auto& [id, path] : paths_) {
-        if (path->read_armed) {
+        if (path->poll_armed) {
           (void)path.release();
         }
       }

@@ -1,5 +1,5 @@
 #!/bin/bash
-# blkfenced end to end on real LIO (issue 4, DESIGN.md §4-§5): two daemons, node A and node B, each
+# blkfenced end to end on real LIO (issue 4; docs/protocol.md, docs/design.md §5): two daemons, node A and node B, each
 # using only its own nexuses, in one boot:
 #   1. failover: A acquires; a writer under `blkfencectl run` on A writes records stamped with A's
 #      epoch; A's daemon and writer are frozen (SIGSTOP); B acquires (preempts A); the writer is

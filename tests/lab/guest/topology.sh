@@ -31,7 +31,7 @@ lab_load_modules() {
 }
 
 # LIO answers REGISTER with NOT READY when it cannot write its PR metadata file, although the
-# registration took effect (DESIGN.md §7): the directory must exist before the first PR OUT.
+# registration took effect (docs/design.md §7): the directory must exist before the first PR OUT.
 lab_create_backstores() {
   mkdir -p /var/target/pr "$lab_lu_dir" || return 1
   mount -t tmpfs -o size=90% tmpfs "$lab_lu_dir" || return 1

@@ -1,7 +1,7 @@
 # Helpers for lab tests running inside the guest (sourced; bash).
 #
 # Device lookup in the node -> LU map, sg_persist wrappers that retry unit attentions (the first
-# command on a fresh nexus and every command after a preemption may get one; DESIGN.md §7), O_DIRECT
+# command on a fresh nexus and every command after a preemption may get one; docs/design.md §7), O_DIRECT
 # writes that report the errno text, and TAP-like checks that end in "N passed, N failed".
 
 # The job's topology (LAB_FABRIC, LAB_NODES, LAB_LUNS) and the helpers naming its identities.

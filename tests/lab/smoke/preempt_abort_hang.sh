@@ -1,5 +1,5 @@
 #!/bin/bash
-# Reproduces the PREEMPT AND ABORT deadlock of LIO over tcm_loop on 6.1 (DESIGN.md §7): the PR OUT
+# Reproduces the PREEMPT AND ABORT deadlock of LIO over tcm_loop on 6.1 (docs/design.md §7): the PR OUT
 # runs inside the device's submission work item and core_tmr_drain_state_list() flushes that same
 # work item, so sg_persist never returns. Used by watchdog_selftest to prove that the lab's watchdog
 # turns a hung target into a failed test with a blocked-task dump; it exits 0 only if the preempt

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Proves PREEMPT AND ABORT over iSCSI completes while the old holder has O_DIRECT writes in flight
-# (over tcm_loop on 6.1 it deadlocks; DESIGN.md §7), and that it fences: the holder's writers all
+# (over tcm_loop on 6.1 it deadlocks; docs/design.md §7), and that it fences: the holder's writers all
 # end with EBADE, only B's key is left, and B holds the reservation.
 #   usage: preempt_abort_inflight.sh [LU]   (default 0)
 set -u

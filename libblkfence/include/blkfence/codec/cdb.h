@@ -31,7 +31,7 @@ enum class PrInAction : std::uint8_t {
 };
 
 // SPC-4 6.16.2: PERSISTENT RESERVE OUT service actions (CDB byte 1, bits 4-0). REPLACE LOST
-// RESERVATION (08h) is left out: LIO rejects it (kernel-interfaces.md §1.3).
+// RESERVATION (08h) is left out: LIO rejects it (docs/reference/lio.md §1).
 enum class PrOutAction : std::uint8_t {
   kRegister = 0x00,
   kReserve = 0x01,

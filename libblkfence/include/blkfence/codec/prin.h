@@ -4,7 +4,7 @@
 // return the device's claim beside it and set `truncated` when the claim was not met (re-read with
 // a larger allocation length, or treat the state as unknown). LIO keeps ADDITIONAL LENGTH
 // untruncated for READ KEYS but drops and uncounts READ FULL STATUS descriptors that do not fit
-// (kernel-interfaces.md §1.5), so `truncated == false` on READ FULL STATUS does not prove
+// (docs/reference/lio.md §1), so `truncated == false` on READ FULL STATUS does not prove
 // completeness on LIO. Only a response shorter than its fixed header is an Error (kTruncated).
 // Pass the bytes actually transferred (dxfer_len - resid), not the whole buffer. Pure functions,
 // thread-safe.
@@ -22,7 +22,7 @@
 namespace blkfence::codec {
 
 // LIO rejects PR IN with an allocation length below 8 and writes neither key nor type for READ
-// RESERVATION below 22 (kernel-interfaces.md §1.1, §1.5): ask for at least this much.
+// RESERVATION below 22 (docs/reference/lio.md §1): ask for at least this much.
 inline constexpr std::uint16_t kPrInAllocationLengthMin = 24;
 
 Cdb10 encode_prin_cdb(PrInAction action, std::uint16_t allocation_length);

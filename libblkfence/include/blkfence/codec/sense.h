@@ -2,7 +2,7 @@
 //
 // decode_sense() first normalises fixed (70h/71h) and descriptor (72h/73h) sense data into one
 // Sense, then classify() maps it to a category the pr layer's retry policy switches on
-// (kernel-interfaces.md §6.4), as sg3_utils does (sg_lib.c: sg_scsi_normalize_sense(),
+// (docs/reference/spc4-pr.md §8), as sg3_utils does (sg_lib.c: sg_scsi_normalize_sense(),
 // sg_err_category_sense()). Sense that is short or garbage decodes as far as it goes and says so;
 // it is never an error, since the command's status is what counts. Pure, thread-safe.
 #pragma once

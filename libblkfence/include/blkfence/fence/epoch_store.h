@@ -1,6 +1,6 @@
 // Where a node keeps the highest epoch it has used for each resource (fence layer).
 //
-// S3 (DESIGN.md §4): epochs of a resource never go backwards, across daemon restarts and LUN
+// S3 (docs/protocol.md): epochs of a resource never go backwards, across daemon restarts and LUN
 // resets. The devices remember the keys registered on them, but a CLEAR or a reset of the target's
 // PR state forgets them; the high-water mark on the node's own disk does not. The file store
 // writes RESOURCE.epoch beside a temporary, fsyncs it, renames it over the old one and fsyncs the

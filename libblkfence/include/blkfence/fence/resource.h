@@ -1,4 +1,4 @@
-// One fenced resource of one node: the acquire/release/fence/monitor protocol of DESIGN.md §3–§4
+// One fenced resource of one node: the acquire/release/fence/monitor protocol of docs/protocol.md
 // as a state machine, and the gate it decides (fence layer).
 //
 // The machine never waits and never reads a clock. It starts batches of PR commands on a
@@ -6,12 +6,13 @@
 // next_wake() is due. blkfenced drives it from sd-event on the steady clock and real devices, the
 // simulation (tests/sim) from a simulated clock and target: the same code decides in both.
 //
-// Safety (DESIGN.md §4): S2 the gate opens only after a verify read, issued after all of our own
-// PR OUTs, showed our key as the holder and only registrant on every LU, and closes when a check
-// shows otherwise or none succeeds for `lease`; S3 the epoch is max(keys of this cluster on any
-// LU, the persisted high-water) + 1, and is made durable before the key is registered; S4 after
-// any failed or indeterminate PR OUT the state is read again before anything is decided; S5 after
-// our key was preempted the machine sends no PR OUT until an explicit acquire or unfence.
+// Safety (docs/protocol.md, "Safety properties"): S2 the gate opens only after a verify read,
+// issued after all of our own PR OUTs, showed our key as the holder and only registrant on every
+// LU, and closes when a check shows otherwise or none succeeds for `lease`; S3 the epoch is
+// max(keys of this cluster on any LU, the persisted high-water) + 1, and is made durable before the
+// key is registered; S4 after any failed or indeterminate PR OUT the state is read again before
+// anything is decided; S5 after our key was preempted the machine sends no PR OUT until an explicit
+// acquire or unfence.
 //
 // One operation (acquire, release, unfence, fence) runs at a time; while it runs the monitor
 // pauses. The registration of a new path is one too, the resource's own: an acquire or release

@@ -3,12 +3,12 @@
 //
 // Every command of a batch goes to the transport at once; retries are resubmitted as their
 // completions come back, so a batch over 64 LUs costs about one round trip, not 64. The policy
-// (kernel-interfaces.md §6.4): UNIT ATTENTION is retried at once (a command that got one did not
+// (docs/reference/spc4-pr.md §8): UNIT ATTENTION is retried at once (a command that got one did not
 // execute); NOT READY becoming ready / in progress / transitioning, BUSY, TASK SET FULL and TASK
 // ABORTED are retried after a back-off; RESERVATION CONFLICT is never retried; any other NOT READY
 // (LIO answers some PR OUTs with 08/00 after changing state) and every timeout end the command, so
-// that the caller re-reads the state before deciding anything (DESIGN.md §4, S4). Reads fail over
-// to the LU's next path on a transport error; PR OUT never does, since it may have executed.
+// that the caller re-reads the state before deciding anything (docs/protocol.md, S4). Reads fail
+// over to the LU's next path on a transport error; PR OUT never does, since it may have executed.
 // Every attempt is recorded in the result.
 //
 // A Client borrows its Transport and is used from one thread. Blocking: run() waits for the batch

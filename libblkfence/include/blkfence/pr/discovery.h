@@ -4,9 +4,9 @@
 // /dev/disk/by-id/... links and dm-multipath maps (/dev/dm-N,
 // /dev/mapper/NAME, whose paths are the map's slaves) and groups the paths by the LU's WWN, read
 // from VPD 0x83 as the kernel cached it in sysfs. Every path of a LU is its own I_T nexus and must
-// be registered with the node's key (DESIGN.md §3). Reads sysfs only; no SCSI command is sent. The
-// sysfs and /dev roots and stat() are replaceable so that tests can lay out a fake tree.
-// Thread-compatible.
+// be registered with the node's key (docs/protocol.md, "Resources and modes"). Reads sysfs only; no
+// SCSI command is sent. The sysfs and /dev roots and stat() are replaceable so that tests can lay
+// out a fake tree. Thread-compatible.
 #pragma once
 
 #include <functional>

@@ -3,7 +3,7 @@
 // SimTarget holds any number of logical units, each with persistent reservation state
 // (registrations per I_T nexus, the reservation, PRgeneration), unit attentions per nexus and a
 // small block store, and executes CDBs against them following LIO's target_core_pr.c,
-// target_core_ua.c and __target_execute_cmd() as summarised in kernel-interfaces.md §1 and §6,
+// target_core_ua.c and __target_execute_cmd() as docs/reference/lio.md describes them,
 // LIO's deviations from SPC-4 included (NOT READY 08/00 from an unregistered RESERVE, RELEASE or
 // CLEAR; no PRgeneration bump on unregister; one unit attention reported and all cleared;
 // writes told from reads by data direction; PREEMPT AND ABORT selecting victims by the holder's
@@ -14,8 +14,8 @@
 // Commands pass their checks (CDB, UNIT ATTENTION, RESERVATION CONFLICT) when they reach the
 // target and take effect at once, or, when the caller asks to hold them, later on the clock:
 // PREEMPT AND ABORT aborts held commands (TASK ABORTED) and plain PREEMPT lets them land, which
-// is the hazard of DESIGN.md §4 S1. history() records every write and every PERSISTENT RESERVE
-// OUT with its effect and time, for checking S1 afterwards.
+// is the hazard of S1 (docs/protocol.md). history() records every write and every PERSISTENT
+// RESERVE OUT with its effect and time, for checking S1 afterwards.
 //
 // Not thread-safe: a simulation runs on one thread. The target keeps a reference to its clock,
 // which must outlive it; answer callbacks of held commands are owned here until they run.
@@ -133,8 +133,8 @@ struct LuConfig {
   std::string product = "SIM";         // standard INQUIRY PRODUCT IDENTIFICATION
   std::uint32_t block_size = 512;
   std::uint64_t block_count = 2048;
-  // False stands for LIO without <db_root>/pr (DESIGN.md §7): REGISTER and unregister answer NOT
-  // READY 08/00 although they took effect (kernel-interfaces.md §1.14).
+  // False stands for LIO without <db_root>/pr (docs/design.md §7): REGISTER and unregister answer
+  // NOT READY 08/00 although they took effect (docs/reference/lio.md §2).
   bool aptpl_file_writable = true;
 };
 

@@ -11,9 +11,9 @@
 // The Transport contract holds whatever the faults: every submitted command completes exactly
 // once, with the first answer that gets back before its deadline (Command::timeout plus
 // deadline_grace) or as kIndeterminate at that deadline, and completions come in the order the
-// answers arrive. A command that timed out may still execute on the target later (DESIGN.md §4).
-// reap() does not sleep: it advances the simulated clock, running every simulated event (of all
-// transports on that clock) in time order, until a completion is ready or the wait has passed.
+// answers arrive. A command that timed out may still execute on the target later (docs/protocol.md,
+// S4). reap() does not sleep: it advances the simulated clock, running every simulated event (of
+// all transports on that clock) in time order, until a completion is ready or the wait has passed.
 //
 // Not thread-safe; reap() must not be called from inside a clock event. The target and its clock
 // must outlive the transport; events still queued when the transport goes away do nothing.

@@ -4,8 +4,8 @@
 // A Transport owns every buffer of a command from submit() until the kernel has returned it: the
 // caller hands over the data to send and says how many bytes it expects back, and gets the bytes in
 // the Completion. That is what makes a command that missed its deadline safe: it is reported
-// kIndeterminate (it may still execute on the target later, DESIGN.md §4), while the transport
-// keeps its buffers alive until the kernel really gives them back.
+// kIndeterminate (it may still execute on the target later, docs/protocol.md, S4), while the
+// transport keeps its buffers alive until the kernel really gives them back.
 //
 // Implementations: io_uring over the sg v3 asynchronous interface (make_uring_transport), blocking
 // SG_IO on a small thread pool (make_sgio_transport), and the simulated SPC-4 target in tests.
@@ -42,7 +42,7 @@ struct Command {
   static Command from_cdb(std::span<const std::uint8_t> cdb_bytes);
 };
 
-// What happened to a command, before any look at its sense data (DESIGN.md §1, layer 3).
+// What happened to a command, before any look at its sense data (docs/design.md §1, layer 3).
 enum class Outcome : std::uint8_t {
   kGood,                 // status GOOD (or CONDITION MET)
   kCheckCondition,       // status CHECK CONDITION; the sense data says why
