@@ -35,8 +35,8 @@ Result<ControlClient> ControlClient::connect(const std::string& path) {
   return ControlClient(std::move(fd));
 }
 
-Result<void> ControlClient::send(const daemon::Request& request) {
-  const std::string line = daemon::encode_request(request);
+Result<void> ControlClient::send(const control::Request& request) {
+  const std::string line = control::encode_request(request);
   std::size_t sent = 0;
   while (sent < line.size()) {
     const ssize_t n = ::send(fd_.get(), line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
@@ -51,13 +51,13 @@ Result<void> ControlClient::send(const daemon::Request& request) {
   return {};
 }
 
-Result<daemon::Reply> ControlClient::next(
+Result<control::Reply> ControlClient::next(
     std::optional<std::chrono::steady_clock::time_point> deadline) {
   for (;;) {
     if (const auto newline = buffer_.find('\n'); newline != std::string::npos) {
       const std::string line = buffer_.substr(0, newline);
       buffer_.erase(0, newline + 1);
-      auto reply = daemon::parse_reply(line);
+      auto reply = control::parse_reply(line);
       if (!reply) {
         return fail(ErrorCode::kInvalidArgument,
                     "blkfenced sent something unreadable: " + reply.error());
@@ -94,7 +94,7 @@ Result<daemon::Reply> ControlClient::next(
       return tl::unexpected(Error::os(errno, "read from blkfenced"));
     }
     buffer_.append(chunk, static_cast<std::size_t>(got));
-    if (buffer_.size() > daemon::kMaxReplySize) {
+    if (buffer_.size() > control::kMaxReplySize) {
       return fail(ErrorCode::kInvalidArgument, "blkfenced sent a line longer than the limit");
     }
   }

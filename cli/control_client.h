@@ -6,10 +6,9 @@
 #include <optional>
 #include <string>
 
+#include "blkfence/control/protocol.h"
 #include "blkfence/error.h"
 #include "blkfence/unique_fd.h"
-
-#include "control_protocol.h"
 
 namespace blkfence::cli {
 
@@ -20,10 +19,10 @@ class ControlClient {
  public:
   [[nodiscard]] static Result<ControlClient> connect(const std::string& path);
 
-  [[nodiscard]] Result<void> send(const daemon::Request& request);
+  [[nodiscard]] Result<void> send(const control::Request& request);
   // The next reply or event; kIndeterminate when the deadline passes first; kOs (ECONNRESET) when
   // the daemon closed the connection.
-  [[nodiscard]] Result<daemon::Reply> next(
+  [[nodiscard]] Result<control::Reply> next(
       std::optional<std::chrono::steady_clock::time_point> deadline);
   int fd() const { return fd_.get(); }
 

@@ -14,15 +14,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "blkfence/control/protocol.h"
+
 #include "control_client.h"
-#include "control_protocol.h"
 
 namespace blkfence::cli {
 namespace {
 
-using daemon::Op;
-using daemon::Reply;
-using daemon::ReplyError;
+using control::Op;
+using control::Reply;
+using control::ReplyError;
 using Clock = std::chrono::steady_clock;
 
 int code(DaemonExit exit) {
@@ -65,7 +66,7 @@ std::string hint_for(ReplyError error, const std::string& resource) {
 }
 
 // Connects and sends; prints why not and sets exit when it fails.
-std::optional<ControlClient> open_and_send(const DaemonOptions& options, daemon::Request request,
+std::optional<ControlClient> open_and_send(const DaemonOptions& options, control::Request request,
                                            int& exit) {
   const std::string path = options.socket.empty() ? default_socket_path() : options.socket;
   auto client = ControlClient::connect(path);
@@ -100,7 +101,7 @@ std::optional<Reply> await_reply(ControlClient& client, std::optional<Clock::tim
     }
     if (!reply->ok) {
       const auto& error = *reply->error;
-      std::cerr << "blkfencectl: " << error.message << " (" << daemon::to_string(error.code)
+      std::cerr << "blkfencectl: " << error.message << " (" << control::to_string(error.code)
                 << ")\n";
       if (const std::string hint = hint_for(error.code, resource); !hint.empty()) {
         std::cerr << "  " << hint << '\n';
@@ -125,10 +126,10 @@ std::optional<Reply> ask(const DaemonOptions& options, Op op, int& exit,
 }
 
 std::string key_text(const std::optional<std::uint64_t>& key) {
-  return key ? daemon::format_key(*key) : "-";
+  return key ? control::format_key(*key) : "-";
 }
 
-void print_status(const daemon::ResourceStatus& s, bool with_lus) {
+void print_status(const control::ResourceStatus& s, bool with_lus) {
   std::printf(
       "%-16s %-9s %-12s %-6s %-18s %6u  %s\n", s.name.c_str(), s.mode.c_str(), s.state.c_str(),
       s.gate_open ? "open" : "closed", key_text(s.key).c_str(), s.epoch,
@@ -137,7 +138,7 @@ void print_status(const daemon::ResourceStatus& s, bool with_lus) {
     std::printf("  %s\n", s.detail.c_str());
   }
   if (s.fenced_by) {
-    std::printf("  fenced by %s\n", daemon::format_key(*s.fenced_by).c_str());
+    std::printf("  fenced by %s\n", control::format_key(*s.fenced_by).c_str());
   }
   if (!with_lus) {
     return;
@@ -149,7 +150,7 @@ void print_status(const daemon::ResourceStatus& s, bool with_lus) {
     }
     std::string keys;
     for (const auto k : lu.keys) {
-      keys += (keys.empty() ? "" : " ") + daemon::format_key(k);
+      keys += (keys.empty() ? "" : " ") + control::format_key(k);
     }
     std::printf("  %-36s %-24s holder %-18s keys %s%s%s\n", lu.wwn.c_str(), devices.c_str(),
                 key_text(lu.holder).c_str(), keys.empty() ? "-" : keys.c_str(),
@@ -162,8 +163,8 @@ void print_header() {
               "EPOCH", "LAST CHECK");
 }
 
-std::optional<daemon::ResourceStatus> status_from(const nlohmann::json& json) {
-  auto status = daemon::resource_status_from_json(json);
+std::optional<control::ResourceStatus> status_from(const nlohmann::json& json) {
+  auto status = control::resource_status_from_json(json);
   if (!status) {
     std::cerr << "blkfencectl: unreadable status from blkfenced: " << status.error() << '\n';
     return std::nullopt;
@@ -201,7 +202,7 @@ int operation_command(const std::string& op, const DaemonOptions& options) {
   if (options.timeout) {
     deadline = Clock::now() + *options.timeout + std::chrono::seconds(2);
   }
-  auto reply = ask(options, *daemon::op_from_string(op), exit, deadline);
+  auto reply = ask(options, *control::op_from_string(op), exit, deadline);
   if (!reply) {
     return exit;
   }
@@ -242,7 +243,7 @@ int keys_command(const DaemonOptions& options) {
   for (const auto& lu : status->lus) {
     std::printf("%s\n  holder: %s\n", lu.wwn.c_str(), key_text(lu.holder).c_str());
     for (const auto k : lu.keys) {
-      std::printf("  key:    %s\n", daemon::format_key(k).c_str());
+      std::printf("  key:    %s\n", control::format_key(k).c_str());
     }
     if (!lu.error.empty()) {
       std::printf("  error:  %s\n", lu.error.c_str());
@@ -320,7 +321,7 @@ std::optional<Opened> wait_open(ControlClient& client, const DaemonOptions& opti
   if (!first) {
     return std::nullopt;
   }
-  std::optional<daemon::ResourceStatus> status;
+  std::optional<control::ResourceStatus> status;
   for (const auto& json : first->body.value("resources", nlohmann::json::array())) {
     status = status_from(json);
   }
@@ -349,7 +350,7 @@ std::optional<Opened> wait_open(ControlClient& client, const DaemonOptions& opti
     exit = code(DaemonExit::kFailed);
     return std::nullopt;
   }
-  return Opened{.token = daemon::format_key(*status->key), .epoch = status->epoch};
+  return Opened{.token = control::format_key(*status->key), .epoch = status->epoch};
 }
 
 }  // namespace
@@ -465,7 +466,7 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
       }
       if (event && event->is_event) {
         auto status = status_from(event->body["status"]);
-        if (status && (!status->gate_open || status->key != daemon::parse_key(opened->token))) {
+        if (status && (!status->gate_open || status->key != control::parse_key(opened->token))) {
           kill_group(
               ("the gate of " + options.resource + " closed (" + status->state + ")").c_str());
           result = code(DaemonExit::kConflict);

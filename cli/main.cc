@@ -1,10 +1,13 @@
 // blkfencectl: the command-line tool of blkfence (cli). This file parses the command line and hands
 // over to the mode that runs it; today that is the direct device mode (device.h).
+#include <functional>
 #include <iostream>
 #include <map>
 
 #include <CLI/CLI.hpp>
 
+#include "blkfence/control/duration.h"
+#include "blkfence/control/protocol.h"
 #include "blkfence/key.h"
 
 #include "daemon_commands.h"
@@ -45,9 +48,23 @@ Examples:
 
 struct Args {
   blkfence::cli::DeviceOptions options;
-  std::string key, old_key, victim, type = "we-ro", transport = "auto";
-  long timeout_ms = 10'000;
+  std::string key, old_key, victim, type = "we-ro", transport = "auto", timeout = "10s";
 };
+
+// --timeout's value, in 1 ms .. max, or an error message. Every command reads it with the same
+// syntax as blkfence.toml's durations (blkfence/control/duration.h).
+std::optional<std::chrono::milliseconds> parse_timeout(const std::string& text,
+                                                       std::chrono::milliseconds max,
+                                                       std::string& error) {
+  const auto value = blkfence::control::parse_duration(text);
+  if (!value || value->count() < 1 || *value > max) {
+    error = "--timeout '" + text + "': expected " +
+            std::string(blkfence::control::kDurationSyntax) + ", from 1ms to " +
+            blkfence::control::format_duration(max);
+    return std::nullopt;
+  }
+  return value;
+}
 
 std::optional<std::uint64_t> parse_key(const std::string& text, const char* what,
                                        std::string& error) {
@@ -104,10 +121,11 @@ std::string finish(Args& args, bool needs_key, bool needs_victim) {
     return "--transport '" + args.transport + "': expected auto, uring or sgio";
   }
   o.transport = transport->second;
-  if (args.timeout_ms < 1 || args.timeout_ms > 3'600'000) {
-    return "--timeout must be 1 to 3600000 milliseconds";
+  const auto timeout = parse_timeout(args.timeout, std::chrono::hours(1), error);
+  if (!timeout) {
+    return error;
   }
-  o.timeout = std::chrono::milliseconds(args.timeout_ms);
+  o.timeout = *timeout;
   return "";
 }
 
@@ -126,34 +144,9 @@ Exit status (commands that talk to blkfenced):
   8  --timeout passed first (an acquire or release goes on in the daemon)
   9  any other error the daemon reported
 run exits with the command's own status when the command ends by itself.
---timeout takes 500ms, 30s, 2m, or a number of milliseconds. The socket is
-/run/blkfence/control.sock, or $BLKFENCE_SOCKET, or --socket.
+--timeout takes a number and a unit, as blkfence.toml's durations do: 500ms, 30s, 2.5s, 2m. The
+socket is /run/blkfence/control.sock, or $BLKFENCE_SOCKET, or --socket.
 )";
-
-// "500ms", "30s", "2m" or a number of milliseconds.
-std::optional<std::chrono::milliseconds> parse_duration(const std::string& text) {
-  std::size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  const std::string unit = text.substr(used);
-  if (value < 0) {
-    return std::nullopt;
-  }
-  if (unit.empty() || unit == "ms") {
-    return std::chrono::milliseconds(value);
-  }
-  if (unit == "s") {
-    return std::chrono::seconds(value);
-  }
-  if (unit == "m" || unit == "min") {
-    return std::chrono::minutes(value);
-  }
-  return std::nullopt;
-}
 
 int run(int argc, char** argv) {
   CLI::App app{"blkfencectl: SCSI persistent reservation fencing for shared LUs", "blkfencectl"};
@@ -168,45 +161,71 @@ int run(int argc, char** argv) {
   device->require_subcommand(1);
   device->footer(std::string(kDeviceFooter) + "\n" + kExitCodes);
 
+  // What each device action takes besides DEVICE, --json, --verbose, --transport and --timeout.
   struct Spec {  // NOLINT(clang-analyzer-optin.performance.Padding): a table of eleven
     const char* name;
     DeviceAction action;
     const char* help;
-    bool key, victim, type, old_key, aptpl;
+    bool key = false;
+    bool victim = false;
+    bool type = false;
+    bool old_key = false;
+    bool aptpl = false;
   };
-  const Spec specs[] = {
-      {"keys", DeviceAction::kKeys, "READ KEYS: the registered keys (one per I_T nexus)", false,
-       false, false, false, false},
-      {"reservation", DeviceAction::kReservation, "READ RESERVATION: the holder and the type",
-       false, false, false, false, false},
-      {"status", DeviceAction::kStatus,
-       "READ FULL STATUS: every registration with its holder flag and TransportID", false, false,
-       false, false, false},
-      {"capabilities", DeviceAction::kCapabilities,
-       "REPORT CAPABILITIES: the types and flags the LU supports", false, false, false, false,
-       false},
-      {"register", DeviceAction::kRegister,
-       "Register --key on every path (REGISTER AND IGNORE EXISTING KEY, or REGISTER with "
-       "--old-key)",
-       true, false, false, true, true},
-      {"unregister", DeviceAction::kUnregister,
-       "Remove this host's registration from every path (releases a reservation it holds)", false,
-       false, false, false, false},
-      {"reserve", DeviceAction::kReserve, "RESERVE with --key and --type", true, false, true, false,
-       false},
-      {"release", DeviceAction::kRelease, "RELEASE with --key and --type (registrations stay)",
-       true, false, true, false, false},
-      {"preempt", DeviceAction::kPreempt,
-       "PREEMPT --victim's registrations (and its reservation) with --key", true, true, true, false,
-       false},
-      {"preempt-abort", DeviceAction::kPreemptAbort,
-       "PREEMPT AND ABORT: preempt and abort the victim's commands in flight", true, true, true,
-       false, false},
-      {"clear", DeviceAction::kClear, "CLEAR: remove the reservation and every registration", true,
-       false, false, false, false},
+  static constexpr Spec kSpecs[] = {
+      {.name = "keys",
+       .action = DeviceAction::kKeys,
+       .help = "READ KEYS: the registered keys (one per I_T nexus)"},
+      {.name = "reservation",
+       .action = DeviceAction::kReservation,
+       .help = "READ RESERVATION: the holder and the type"},
+      {.name = "status",
+       .action = DeviceAction::kStatus,
+       .help = "READ FULL STATUS: every registration with its holder flag and TransportID"},
+      {.name = "capabilities",
+       .action = DeviceAction::kCapabilities,
+       .help = "REPORT CAPABILITIES: the types and flags the LU supports"},
+      {.name = "register",
+       .action = DeviceAction::kRegister,
+       .help = "Register --key on every path (REGISTER AND IGNORE EXISTING KEY, or REGISTER "
+               "with --old-key)",
+       .key = true,
+       .old_key = true,
+       .aptpl = true},
+      {.name = "unregister",
+       .action = DeviceAction::kUnregister,
+       .help = "Remove this host's registration from every path (releases a reservation it "
+               "holds)"},
+      {.name = "reserve",
+       .action = DeviceAction::kReserve,
+       .help = "RESERVE with --key and --type",
+       .key = true,
+       .type = true},
+      {.name = "release",
+       .action = DeviceAction::kRelease,
+       .help = "RELEASE with --key and --type (registrations stay)",
+       .key = true,
+       .type = true},
+      {.name = "preempt",
+       .action = DeviceAction::kPreempt,
+       .help = "PREEMPT --victim's registrations (and its reservation) with --key",
+       .key = true,
+       .victim = true,
+       .type = true},
+      {.name = "preempt-abort",
+       .action = DeviceAction::kPreemptAbort,
+       .help = "PREEMPT AND ABORT: preempt and abort the victim's commands in flight",
+       .key = true,
+       .victim = true,
+       .type = true},
+      {.name = "clear",
+       .action = DeviceAction::kClear,
+       .help = "CLEAR: remove the reservation and every registration",
+       .key = true},
   };
-  std::map<CLI::App*, const Spec*> by_app;
-  for (const auto& spec : specs) {
+  // The chosen command, set by its subcommand's callback once the command line parsed; run after.
+  std::function<int()> chosen;
+  for (const Spec& spec : kSpecs) {
     CLI::App* sub = device->add_subcommand(spec.name, spec.help);
     sub->footer(kDeviceFooter);
     sub->add_option("DEVICE", args.options.devices, "Devices (several LUs at once)")->required();
@@ -229,8 +248,17 @@ int run(int argc, char** argv) {
     sub->add_flag("--json", args.options.json, "Print JSON instead of a table");
     sub->add_flag("--verbose", args.options.verbose, "Print every attempt on every path");
     sub->add_option("--transport", args.transport, "auto (default), uring or sgio");
-    sub->add_option("--timeout", args.timeout_ms, "Per-command timeout in ms (default 10000)");
-    by_app[sub] = &spec;
+    sub->add_option("--timeout", args.timeout, "Per-command timeout (default 10s, at most 1h)");
+    sub->callback([&args, &chosen, &spec] {
+      chosen = [&args, &spec] {
+        args.options.action = spec.action;
+        if (const std::string error = finish(args, spec.key, spec.victim); !error.empty()) {
+          std::cerr << "blkfencectl: device " << spec.name << ": " << error << '\n';
+          return static_cast<int>(Exit::kUsage);
+        }
+        return static_cast<int>(blkfence::cli::run_device(args.options));
+      };
+    });
   }
 
   // Commands that talk to blkfenced.
@@ -254,31 +282,69 @@ int run(int argc, char** argv) {
     sub->add_option("--socket", daemon_options.socket, "blkfenced's control socket");
     return sub;
   };
-  CLI::App* status = daemon_command(
-      "status", "The state of every resource (or one): gate, key, epoch, and each LU's holder",
-      false);
-  CLI::App* acquire = daemon_command(
-      "acquire",
-      "Take the resource for this node (exclusive mode): preempt the holder with a higher epoch, "
-      "verify every LU, open the gate. Patroni's pre_promote runs this",
-      true);
-  CLI::App* release = daemon_command(
-      "release",
-      "Close the gate (stopping the gated units) and give the token up; in exclusive mode the key "
-      "keeps the reservation until the next acquire elsewhere preempts it",
-      true);
-  CLI::App* unfence = daemon_command(
-      "unfence", "Shared mode: register this node on every LU (and reserve if nobody has)", true);
+  using namespace blkfence::cli;
+  // Each command, once parsed: the checks CLI11 cannot make, then the command.
+  const auto on_parse = [&chosen, &daemon_options, &timeout_text](CLI::App* sub,
+                                                                  std::function<int()> then) {
+    sub->callback([&chosen, &daemon_options, &timeout_text, then = std::move(then)] {
+      chosen = [&daemon_options, &timeout_text, then] {
+        if (!timeout_text.empty()) {
+          std::string error;
+          daemon_options.timeout =
+              parse_timeout(timeout_text, blkfence::control::kMaxTimeout, error);
+          if (!daemon_options.timeout) {
+            std::cerr << "blkfencectl: " << error << '\n';
+            return static_cast<int>(Exit::kUsage);
+          }
+        }
+        return then();
+      };
+    });
+  };
+  on_parse(
+      daemon_command("status",
+                     "The state of every resource (or one): gate, key, epoch, and each LU's holder",
+                     false),
+      [&] { return status_command(daemon_options); });
+  on_parse(daemon_command("acquire",
+                          "Take the resource for this node (exclusive mode): preempt the holder "
+                          "with a higher epoch, verify every LU, open the gate. Patroni's "
+                          "pre_promote runs this",
+                          true),
+           [&] { return operation_command("acquire", daemon_options); });
+  on_parse(daemon_command("release",
+                          "Close the gate (stopping the gated units) and give the token up; in "
+                          "exclusive mode the key keeps the reservation until the next acquire "
+                          "elsewhere preempts it",
+                          true),
+           [&] { return operation_command("release", daemon_options); });
+  on_parse(daemon_command("unfence",
+                          "Shared mode: register this node on every LU (and reserve if nobody has)",
+                          true),
+           [&] { return operation_command("unfence", daemon_options); });
   CLI::App* fence = daemon_command(
       "fence", "Shared mode: remove another node's key from every LU (preempt)", true);
   fence->add_option("-n,--node", fence_node, "The node id to fence (1-65535)")->required();
-  CLI::App* keys = daemon_command(
-      "keys", "Read the registered keys and the holder of every LU now, through blkfenced", true);
-  CLI::App* watch = daemon_command(
-      "watch", "Print the state, then every change (gate, fenced, acquired...) as it happens",
-      false);
-  CLI::App* metrics = daemon_command(
-      "metrics", "Print blkfenced's metrics in the Prometheus text format", false, false);
+  on_parse(fence, [&] {
+    if (fence_node < 1 || fence_node > 65535) {
+      std::cerr << "blkfencectl: fence: --node must be 1 to 65535\n";
+      return static_cast<int>(Exit::kUsage);
+    }
+    daemon_options.node = static_cast<std::uint16_t>(fence_node);
+    return operation_command("fence", daemon_options);
+  });
+  on_parse(daemon_command(
+               "keys", "Read the registered keys and the holder of every LU now, through blkfenced",
+               true),
+           [&] { return keys_command(daemon_options); });
+  on_parse(
+      daemon_command("watch",
+                     "Print the state, then every change (gate, fenced, acquired...) as it happens",
+                     false),
+      [&] { return watch_command(daemon_options); });
+  on_parse(daemon_command("metrics", "Print blkfenced's metrics in the Prometheus text format",
+                          false, false),
+           [&] { return metrics_command(daemon_options); });
   CLI::App* gate = app.add_subcommand("gate", "The writer gate: check it or wait for it");
   gate->require_subcommand(1);
   CLI::App* gate_check = gate->add_subcommand(
@@ -292,6 +358,8 @@ int run(int argc, char** argv) {
     sub->add_option("--timeout", timeout_text, "Give up waiting after this long (e.g. 30s)");
     sub->add_option("--socket", daemon_options.socket, "blkfenced's control socket");
   }
+  on_parse(gate_check, [&] { return gate_check_command(daemon_options); });
+  on_parse(gate_wait, [&] { return gate_wait_command(daemon_options); });
   CLI::App* run_sub = daemon_command(
       "run",
       "Run a command while the gate is open: it gets BLKFENCE_TOKEN, BLKFENCE_EPOCH and "
@@ -303,6 +371,7 @@ int run(int argc, char** argv) {
   run_sub->footer(std::string("Example:\n  blkfencectl run pgdata --timeout 30s -- "
                               "/usr/local/bin/writer --epoch-from-env\n") +
                   kDaemonExitCodes);
+  on_parse(run_sub, [&] { return run_command(daemon_options, command); });
 
   try {
     app.parse(argc, argv);
@@ -314,62 +383,7 @@ int run(int argc, char** argv) {
     return static_cast<int>(Exit::kUsage);
   }
 
-  if (!timeout_text.empty()) {
-    daemon_options.timeout = parse_duration(timeout_text);
-    if (!daemon_options.timeout) {
-      std::cerr << "blkfencectl: --timeout '" << timeout_text
-                << "': expected 500ms, 30s, 2m or a number of milliseconds\n";
-      return static_cast<int>(Exit::kUsage);
-    }
-  }
-  if (fence->parsed()) {
-    if (fence_node < 1 || fence_node > 65535) {
-      std::cerr << "blkfencectl: fence: --node must be 1 to 65535\n";
-      return static_cast<int>(Exit::kUsage);
-    }
-    daemon_options.node = static_cast<std::uint16_t>(fence_node);
-  }
-  using namespace blkfence::cli;
-  if (status->parsed()) {
-    return status_command(daemon_options);
-  }
-  if (acquire->parsed() || release->parsed() || unfence->parsed() || fence->parsed()) {
-    const std::string op = acquire->parsed()   ? "acquire"
-                           : release->parsed() ? "release"
-                           : unfence->parsed() ? "unfence"
-                                               : "fence";
-    return operation_command(op, daemon_options);
-  }
-  if (keys->parsed()) {
-    return keys_command(daemon_options);
-  }
-  if (watch->parsed()) {
-    return watch_command(daemon_options);
-  }
-  if (metrics->parsed()) {
-    return metrics_command(daemon_options);
-  }
-  if (gate_check->parsed()) {
-    return gate_check_command(daemon_options);
-  }
-  if (gate_wait->parsed()) {
-    return gate_wait_command(daemon_options);
-  }
-  if (run_sub->parsed()) {
-    return run_command(daemon_options, command);
-  }
-  for (const auto& [sub, spec] : by_app) {
-    if (!sub->parsed()) {
-      continue;
-    }
-    args.options.action = spec->action;
-    if (const std::string error = finish(args, spec->key, spec->victim); !error.empty()) {
-      std::cerr << "blkfencectl: device " << spec->name << ": " << error << '\n';
-      return static_cast<int>(Exit::kUsage);
-    }
-    return static_cast<int>(blkfence::cli::run_device(args.options));
-  }
-  return static_cast<int>(Exit::kUsage);
+  return chosen ? chosen() : static_cast<int>(Exit::kUsage);
 }
 
 }  // namespace

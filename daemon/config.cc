@@ -24,9 +24,9 @@
 #define TOML_ENABLE_FORMATTERS 0
 #include <toml++/toml.h>
 
+#include "blkfence/control/duration.h"
+#include "blkfence/control/text.h"
 #include "blkfence/unique_fd.h"
-
-#include "text.h"
 
 namespace blkfence::daemon {
 namespace {
@@ -37,6 +37,11 @@ using std::chrono::milliseconds;
 template <class T>
 using Check = tl::expected<T, std::string>;
 using Problem = tl::unexpected<std::string>;
+using control::format_duration;
+using control::is_valid_resource_name;
+using control::kMaxNameSize;
+using control::parse_duration;
+using control::utf8_cut;
 
 constexpr std::size_t kMaxResources = 256;
 constexpr std::size_t kMaxDevices = 256;  // per resource
@@ -50,7 +55,6 @@ constexpr std::size_t kMaxSocketPathSize = 107;
 constexpr std::string_view kSocketName = "/control.sock";
 constexpr std::size_t kMaxQuoted = 48;  // how much of a bad value a message repeats
 
-constexpr milliseconds kMaxDuration{24LL * 3600 * 1000};  // parse bound, before the key's range
 constexpr milliseconds kCheckIntervalMin{10};
 constexpr milliseconds kCheckIntervalMax{60'000};
 constexpr milliseconds kLeaseMax{600'000};
@@ -364,52 +368,6 @@ bool is_valid_unit_name(std::string_view name) {
              kUnitSuffixes.end();
 }
 
-// "250ms", "1s", "2.5s" as milliseconds; nullopt when the text is not such a duration, or not a
-// whole number of milliseconds, or longer than kMaxDuration.
-std::optional<milliseconds> parse_duration(std::string_view text) {
-  std::int64_t scale = 0;  // milliseconds per unit
-  if (text.ends_with("ms")) {
-    scale = 1;
-    text.remove_suffix(2);
-  } else if (text.ends_with("s")) {
-    scale = 1000;
-    text.remove_suffix(1);
-  } else {
-    return std::nullopt;
-  }
-  const std::size_t point = text.find('.');
-  const std::string_view whole = text.substr(0, point);
-  const std::string_view fraction =
-      point == std::string_view::npos ? std::string_view() : text.substr(point + 1);
-  const auto all_digits = [](std::string_view digits) {
-    return std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-  };
-  if (whole.empty() || whole.size() > 9 || !all_digits(whole) ||
-      (point != std::string_view::npos && (fraction.empty() || !all_digits(fraction)))) {
-    return std::nullopt;
-  }
-  std::int64_t value = 0;
-  (void)std::from_chars(whole.data(), whole.data() + whole.size(), value);  // 9 digits fit
-  value *= scale;
-  // The fraction in milliseconds: its digits beyond the unit's resolution must be zeros.
-  std::int64_t place = scale;
-  for (const char c : fraction) {
-    const std::int64_t digit = c - '0';
-    if (place % 10 != 0) {
-      if (digit != 0) {
-        return std::nullopt;  // finer than a millisecond
-      }
-      continue;
-    }
-    place /= 10;
-    value += digit * place;
-  }
-  if (value > kMaxDuration.count()) {
-    return std::nullopt;
-  }
-  return milliseconds(value);
-}
-
 // A duration key: `key = "1s"` (canonical) or `key_ms = 1000`. Yields the value and the node
 // that set it (nullptr for the default), so later checks can point at it.
 struct Duration {
@@ -447,7 +405,7 @@ Check<Duration> read_duration(const TableReader& reader, std::string_view key,
   if (text_node == nullptr) {
     return Duration{fallback, nullptr};
   }
-  const std::string expected = "a duration with a unit, \"250ms\", \"1s\" or \"2.5s\", in " + range;
+  const std::string expected = std::string(control::kDurationSyntax) + ", in " + range;
   if (text_node->is_integer()) {
     return Problem(reader.at(*text_node, key,
                              "expected " + expected + ", got " + describe(*text_node) +
@@ -1152,12 +1110,6 @@ std::string toml_array(const std::vector<std::string>& values) {
 
 }  // namespace
 
-bool is_valid_resource_name(std::string_view name) {
-  return !name.empty() && name.size() <= kMaxNameSize &&
-         std::all_of(name.begin(), name.end(),
-                     [](char c) { return is_alnum(c) || c == '_' || c == '.' || c == '-'; });
-}
-
 std::string_view to_string(Mode mode) {
   switch (mode) {
     case Mode::kExclusive: return "exclusive";
@@ -1181,25 +1133,6 @@ std::string_view pr_type_name(codec::PrType type) {
   const auto* found = std::find_if(kPrTypes.begin(), kPrTypes.end(),
                                    [&](const Named& named) { return named.type == type; });
   return found == kPrTypes.end() ? "unknown" : found->name;
-}
-
-std::string format_duration(milliseconds duration) {
-  const std::int64_t ms = duration.count();
-  if (ms < 1000 && ms > -1000) {
-    return std::to_string(ms) + "ms";
-  }
-  std::string text = std::to_string(ms / 1000);
-  std::int64_t fraction = ms % 1000;
-  if (fraction != 0) {
-    fraction = fraction < 0 ? -fraction : fraction;
-    std::string digits = std::to_string(1000 + fraction).substr(1);  // three digits
-    while (digits.back() == '0') {
-      digits.pop_back();
-    }
-    text += '.';
-    text += digits;
-  }
-  return text + "s";
 }
 
 Result<Config> parse_config(std::string_view text, std::string_view source_name) {

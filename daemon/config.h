@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "blkfence/codec/cdb.h"
+#include "blkfence/control/duration.h"
 #include "blkfence/error.h"
 
 namespace blkfence::daemon {
@@ -23,7 +24,6 @@ namespace blkfence::daemon {
 inline constexpr std::string_view kDefaultConfigPath = "/etc/blkfence/blkfence.toml";
 // load_config() refuses larger files: a configuration is a few KiB, anything bigger is a mistake.
 inline constexpr std::size_t kMaxConfigSize = 1024 * 1024;
-inline constexpr std::size_t kMaxNameSize = 64;  // cluster and resource names
 
 enum class Mode : std::uint8_t { kExclusive, kShared };
 enum class OnFencedAction : std::uint8_t { kNone, kStopUnits, kKillUnits, kCommand, kReboot };
@@ -77,14 +77,11 @@ struct Config {
 // spelled out): parse_config() of it gives back an equal Config. For `blkfenced --print-config`.
 std::string format_config(const Config& config);
 
-// [A-Za-z0-9_.-]{1,64}: also what the control protocol accepts as a resource name.
-bool is_valid_resource_name(std::string_view name);
-
 // The TOML spellings: "exclusive", "write-exclusive-registrants-only", "stop-units", ...
 std::string_view to_string(Mode mode);
 std::string_view to_string(OnFencedAction action);
 std::string_view pr_type_name(codec::PrType type);
-// "250ms", "2s", "2.5s": what the configuration accepts, and how its messages print durations.
-std::string format_duration(std::chrono::milliseconds duration);
+// Durations are read and printed as blkfence/control/duration.h says (also blkfencectl's).
+using control::format_duration;
 
 }  // namespace blkfence::daemon

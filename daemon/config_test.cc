@@ -449,6 +449,9 @@ TEST(Config, DurationForms) {
   EXPECT_EQ(interval("check_interval = \"1.250s\""), milliseconds(1250));
   EXPECT_EQ(interval("check_interval = \"60s\"\ncommand_timeout = \"1s\""), milliseconds(60000));
   EXPECT_EQ(interval("check_interval_ms = 750"), milliseconds(750));
+  // The same syntax as blkfencectl's --timeout (blkfence/control/duration.h): minutes too.
+  EXPECT_EQ(interval("check_interval = \"0.5m\""), milliseconds(30'000));
+  EXPECT_EQ(first_resource(with_resource("lease = \"2m\"\n")).lease, milliseconds(120'000));
   const ResourceConfig r =
       first_resource(with_resource("lease_ms = 3000\ncommand_timeout_ms = 2999\n"));
   EXPECT_EQ(r.lease, milliseconds(3000));
@@ -457,9 +460,10 @@ TEST(Config, DurationForms) {
 
 TEST(Config, BadDurations) {
   const std::string expected =
-      "blkfence.toml:6:18: resource \"pgdata\": check_interval: expected a duration with a unit, "
-      "\"250ms\", \"1s\" or \"2.5s\", in 10ms..60s, got ";
-  for (const char* bad : {"1 s", "1.5ms", "1.0005s", "-1s", "1", "s", ".5s", "1.s", "1m", "1e3ms",
+      "blkfence.toml:6:18: resource \"pgdata\": check_interval: expected a number and a unit (ms, "
+      "s, m or h): \"250ms\", \"1s\", \"2.5s\", \"2m\", in 10ms..60s, got ";
+  // The syntax itself is tested in control/src/duration_test.cc; these prove the config uses it.
+  for (const char* bad : {"1 s", "1.5ms", "1.0005s", "-1s", "1", "s", ".5s", "1.s", "1min", "1e3ms",
                           "+1s", "9999999999s", ""}) {
     EXPECT_EQ(error_of(with_resource("check_interval = \"" + std::string(bad) + "\"\n")),
               expected + "\"" + bad + "\"")

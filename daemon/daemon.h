@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include "blkfence/control/protocol.h"
 #include "blkfence/fence/epoch_store.h"
 #include "blkfence/fence/resource.h"
 #include "blkfence/pr/discovery.h"
@@ -24,7 +25,6 @@
 #include "blkfence/transport/transport.h"
 
 #include "config.h"
-#include "control_protocol.h"
 #include "control_server.h"
 #include "gate.h"
 
@@ -35,6 +35,10 @@ struct sd_device_monitor;
 struct signalfd_siginfo;
 
 namespace blkfence::daemon {
+
+// blkfenced is the server end of the control protocol: its requests, replies and events are used
+// unqualified in the daemon.
+using namespace control;
 
 // The LUs a resource's configured devices name, with every path of each (one LU per device).
 [[nodiscard]] Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resource,

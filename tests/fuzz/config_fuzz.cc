@@ -13,12 +13,15 @@
 #include <string_view>
 
 #include "blkfence/assert.h"
+#include "blkfence/control/text.h"
 
 #include "config.h"
 
 namespace blkfence::daemon {
 namespace {
 
+using control::is_valid_resource_name;
+using control::kMaxNameSize;
 using std::chrono::milliseconds;
 
 constexpr std::string_view kSource = "fuzz.toml";

@@ -1,4 +1,4 @@
-// libFuzzer harness for the control-socket protocol (daemon layer, docs/control-protocol.md):
+// libFuzzer harness for the control-socket protocol (control layer, docs/control-protocol.md):
 // proves that parse_request() and parse_reply() take any line a peer could send, that an accepted
 // request obeys the protocol's rules (a resource where the op needs one, a node for fence and only
 // there, timeouts in range) and survives encode_request() and parse_request() unchanged, that a
@@ -13,11 +13,10 @@
 #include <string_view>
 
 #include "blkfence/assert.h"
+#include "blkfence/control/protocol.h"
+#include "blkfence/control/text.h"
 
-#include "config.h"
-#include "control_protocol.h"
-
-namespace blkfence::daemon {
+namespace blkfence::control {
 namespace {
 
 using nlohmann::json;
@@ -109,12 +108,12 @@ void check_reply(std::string_view line) {
 }
 
 }  // namespace
-}  // namespace blkfence::daemon
+}  // namespace blkfence::control
 
 // NOLINTNEXTLINE(readability-identifier-naming): the name libFuzzer calls.
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view line(reinterpret_cast<const char*>(data), size);
-  blkfence::daemon::check_request(line);
-  blkfence::daemon::check_reply(line);
+  blkfence::control::check_request(line);
+  blkfence::control::check_reply(line);
   return 0;
 }

@@ -17,7 +17,7 @@
 
 #include "blkfence/error.h"
 #include "blkfence/fence/resource.h"
-#include "blkfence/transport/sim_target.h"
+#include "blkfence/testing/sim_target.h"
 #include "blkfence/transport/transport.h"
 
 namespace blkfence::sim {

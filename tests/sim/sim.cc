@@ -36,9 +36,9 @@
 #include "blkfence/fence/resource.h"
 #include "blkfence/key.h"
 #include "blkfence/pr/engine.h"
-#include "blkfence/transport/sim_clock.h"
-#include "blkfence/transport/sim_target.h"
-#include "blkfence/transport/sim_transport.h"
+#include "blkfence/testing/sim_clock.h"
+#include "blkfence/testing/sim_target.h"
+#include "blkfence/testing/sim_transport.h"
 
 #include "checker.h"
 #include "history.h"

@@ -1,0 +1,179 @@
+// Proves the PR client's policy against the simulated SPC-4 target: registrations reach every path
+// of a LU; a command that meets a unit attention is retried and takes effect, and the attempt is
+// recorded; RESERVATION CONFLICT is never retried; a lost answer is indeterminate, never "failed",
+// and not retried; reads fail over to the next path on a transport error while PR OUT does not;
+// one batch covers many LUs.
+#include "blkfence/pr/client.h"
+
+#include <gtest/gtest.h>
+
+#include "blkfence/testing/sim_clock.h"
+#include "blkfence/testing/sim_target.h"
+#include "blkfence/testing/sim_transport.h"
+
+namespace blkfence::pr {
+namespace {
+
+using transport::Fault;
+using transport::FaultContext;
+using transport::Outcome;
+using transport::SimTransport;
+
+constexpr std::uint64_t kKeyA = 0x6c9d000100000001;
+constexpr std::uint64_t kKeyB = 0x6c9d000200000002;
+constexpr auto kWeRo = codec::PrType::kWriteExclusiveRegistrantsOnly;
+
+// Two LUs; node A reaches each through two nexuses (multipath), node B through one.
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (transport::LuId lu = 0; lu < 2; ++lu) {
+      lus_[lu] = target_.add_lu();
+      const std::string n = std::to_string(lu);
+      target_.add_path("/dev/sg-a" + n + "-1", lus_[lu], kNexusA1);
+      target_.add_path("/dev/sg-a" + n + "-2", lus_[lu], kNexusA2);
+      target_.add_path("/dev/sg-b" + n, lus_[lu], kNexusB);
+      a_.push_back(
+          LogicalUnit{.wwn = "lu" + n,
+                      .name = "a" + n,
+                      .paths = {Path{.sg = "/dev/sg-a" + n + "-1", .sd = {}, .hctl = "1"},
+                                Path{.sg = "/dev/sg-a" + n + "-2", .sd = {}, .hctl = "2"}}});
+      b_.push_back(LogicalUnit{.wwn = "lu" + n,
+                               .name = "b" + n,
+                               .paths = {Path{.sg = "/dev/sg-b" + n, .sd = {}, .hctl = "3"}}});
+    }
+    use_faults({});
+  }
+
+  void use_faults(transport::FaultHook hook) {
+    client_.reset();
+    auto made = SimTransport::make(target_, {.seed = 7,
+                                             .latency_min = std::chrono::microseconds(100),
+                                             .latency_max = std::chrono::microseconds(500),
+                                             .deadline_grace = std::chrono::milliseconds(0),
+                                             .fault = std::move(hook)});
+    ASSERT_TRUE(made.has_value());
+    transport_ = std::move(*made);
+    RetryPolicy policy;
+    policy.command_timeout = std::chrono::milliseconds(200);
+    client_ = std::make_unique<Client>(*transport_, policy);
+  }
+
+  std::vector<std::uint64_t> keys_on(transport::LuId lu) const {
+    std::vector<std::uint64_t> keys;
+    for (const auto& r : target_.registrations(lus_[lu])) {
+      keys.push_back(r.key);
+    }
+    return keys;
+  }
+
+  static constexpr transport::NexusId kNexusA1 = 1;
+  static constexpr transport::NexusId kNexusA2 = 2;
+  static constexpr transport::NexusId kNexusB = 3;
+  transport::SimClock clock_;
+  transport::SimTarget target_{clock_};
+  transport::LuId lus_[2]{};
+  std::vector<LogicalUnit> a_, b_;
+  std::unique_ptr<SimTransport> transport_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(ClientTest, RegistersOnEveryPathOfEveryLuInOneBatch) {
+  const auto results = client_->register_and_ignore(a_, kKeyA);
+  ASSERT_EQ(results.size(), 2U);
+  for (transport::LuId lu = 0; lu < 2; ++lu) {
+    ASSERT_TRUE(results[lu].value.has_value()) << results[lu].value.error().message();
+    EXPECT_EQ(results[lu].attempts.size(), 2U);
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{kKeyA, kKeyA}));
+  }
+  const auto keys = client_->read_keys(b_);
+  ASSERT_TRUE(keys[1].value.has_value());
+  EXPECT_EQ(keys[1].value->keys, (std::vector<std::uint64_t>{kKeyA, kKeyA}));
+}
+
+TEST_F(ClientTest, UnitAttentionIsRetriedAndTheCommandTakesEffect) {
+  ASSERT_TRUE(client_->register_and_ignore(a_, kKeyA)[0].value);
+  ASSERT_TRUE(client_->reserve(a_, kKeyA, kWeRo)[0].value);
+  ASSERT_TRUE(client_->register_and_ignore(b_, kKeyB)[0].value);
+  // B preempts A: A's nexuses now hold 2A/05 (registrations preempted).
+  ASSERT_TRUE(client_->preempt(b_, kKeyB, kKeyA, kWeRo, false)[0].value);
+  ASSERT_FALSE(target_.unit_attentions(lus_[0], kNexusA1).empty());
+
+  const auto results = client_->register_and_ignore({a_[0]}, kKeyA + 1);
+  ASSERT_TRUE(results[0].value.has_value()) << results[0].value.error().message();
+  int unit_attentions = 0;
+  for (const auto& attempt : results[0].attempts) {
+    if (attempt.outcome == Outcome::kCheckCondition) {
+      ASSERT_TRUE(attempt.sense.has_value());
+      EXPECT_EQ(attempt.sense->sense_key, codec::SenseKey::kUnitAttention);
+      ++unit_attentions;
+    }
+  }
+  EXPECT_EQ(unit_attentions, 2) << "one per nexus of A, each retried";
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{kKeyB, kKeyA + 1, kKeyA + 1}));
+}
+
+TEST_F(ClientTest, ReservationConflictIsNeverRetried) {
+  ASSERT_TRUE(client_->register_and_ignore(a_, kKeyA)[0].value);
+  ASSERT_TRUE(client_->register_and_ignore(b_, kKeyB)[0].value);
+  ASSERT_TRUE(client_->reserve(a_, kKeyA, kWeRo)[0].value);
+  const auto results = client_->reserve(b_, kKeyB, kWeRo);
+  ASSERT_FALSE(results[0].value.has_value());
+  EXPECT_EQ(results[0].value.error().code(), ErrorCode::kReservationConflict);
+  EXPECT_EQ(results[0].attempts.size(), 1U);
+  EXPECT_NE(results[0].value.error().message().find("RESERVE on /dev/sg-b0"), std::string::npos);
+}
+
+TEST_F(ClientTest, LostAnswerIsIndeterminateAndNotRetried) {
+  use_faults([](const FaultContext&) {
+    Fault fault;
+    fault.drop_response = true;
+    return fault;
+  });
+  const auto results = client_->register_and_ignore({b_[0]}, kKeyB);
+  ASSERT_FALSE(results[0].value.has_value());
+  EXPECT_EQ(results[0].value.error().code(), ErrorCode::kIndeterminate);
+  EXPECT_EQ(results[0].attempts.size(), 1U);
+  // The command executed although its answer was lost: exactly the case that must be re-read.
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{kKeyB}));
+}
+
+TEST_F(ClientTest, ReadsFailOverToTheNextPathButPrOutDoesNot) {
+  ASSERT_TRUE(client_->register_and_ignore(a_, kKeyA)[0].value);
+  // Every command through A's first nexus fails in the transport (DID_NO_CONNECT).
+  use_faults([](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = c.nexus == kNexusA1;
+    return fault;
+  });
+  const auto keys = client_->read_keys({a_[0]});
+  ASSERT_TRUE(keys[0].value.has_value()) << keys[0].value.error().message();
+  ASSERT_EQ(keys[0].attempts.size(), 2U);
+  EXPECT_EQ(keys[0].attempts[0].outcome, Outcome::kTransportError);
+  EXPECT_EQ(keys[0].attempts[1].device, "/dev/sg-a0-2");
+
+  const auto reserve = client_->reserve({a_[0]}, kKeyA, kWeRo);
+  ASSERT_FALSE(reserve[0].value.has_value());
+  EXPECT_EQ(reserve[0].attempts.size(), 1U);
+  EXPECT_FALSE(target_.reservation(lus_[0]).has_value());
+}
+
+TEST_F(ClientTest, PreemptAndAbortFencesEveryNexusOfTheVictim) {
+  ASSERT_TRUE(client_->register_and_ignore(a_, kKeyA)[1].value);
+  ASSERT_TRUE(client_->reserve(a_, kKeyA, kWeRo)[1].value);
+  ASSERT_TRUE(client_->register_and_ignore(b_, kKeyB)[1].value);
+  const auto results = client_->preempt(b_, kKeyB, kKeyA, kWeRo, true);
+  for (transport::LuId lu = 0; lu < 2; ++lu) {
+    ASSERT_TRUE(results[lu].value.has_value()) << results[lu].value.error().message();
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{kKeyB}));
+    ASSERT_TRUE(target_.reservation(lus_[lu]).has_value());
+    EXPECT_EQ(target_.reservation(lus_[lu])->key, kKeyB);
+  }
+  const auto reservation = client_->read_reservation(a_);
+  ASSERT_TRUE(reservation[0].value.has_value());
+  ASSERT_TRUE(reservation[0].value->reservation.has_value());
+  EXPECT_EQ(reservation[0].value->reservation->key, kKeyB);
+}
+
+}  // namespace
+}  // namespace blkfence::pr
