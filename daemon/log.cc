@@ -1,7 +1,6 @@
 // Structured logging to the journal or stderr (daemon layer). See log.h.
 #include "log.h"
 
-#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -10,6 +9,8 @@
 
 #include <sys/uio.h>
 #include <systemd/sd-journal.h>
+
+#include "blkfence/key.h"
 
 namespace blkfence::daemon {
 namespace {
@@ -23,12 +24,6 @@ bool use_journal() {
     g_target = std::getenv("JOURNAL_STREAM") != nullptr ? LogTarget::kJournal : LogTarget::kStderr;
   }
   return g_target == LogTarget::kJournal;
-}
-
-std::string hex(std::uint64_t key) {
-  char text[24];
-  (void)std::snprintf(text, sizeof text, "0x%016" PRIx64, key);
-  return text;
 }
 
 }  // namespace
@@ -52,7 +47,7 @@ void log(Priority priority, const std::string& message, const LogFields& fields)
       entries.push_back("BLKFENCE_RESOURCE=" + fields.resource);
     }
     if (fields.key) {
-      entries.push_back("BLKFENCE_KEY=" + hex(*fields.key));
+      entries.push_back("BLKFENCE_KEY=" + fence::Key::format(*fields.key));
     }
     if (fields.epoch) {
       entries.push_back("BLKFENCE_EPOCH=" + std::to_string(*fields.epoch));
@@ -76,7 +71,7 @@ void log(Priority priority, const std::string& message, const LogFields& fields)
     line += " resource=" + fields.resource;
   }
   if (fields.key) {
-    line += " key=" + hex(*fields.key);
+    line += " key=" + fence::Key::format(*fields.key);
   }
   if (fields.epoch) {
     line += " epoch=" + std::to_string(*fields.epoch);

@@ -57,10 +57,14 @@ Result<Key> Key::parse(std::string_view text) {
   return key;
 }
 
-std::string Key::to_string() const {
+std::string Key::format(std::uint64_t value) {
   char text[19];  // "0x" + 16 digits + NUL: snprintf cannot truncate
-  (void)std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(value_));
+  (void)std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(value));
   return text;
+}
+
+std::string Key::to_string() const {
+  return format(value_);
 }
 
 }  // namespace blkfence::fence

@@ -35,10 +35,23 @@ class Key {
   [[nodiscard]] static Result<Key> parse(std::string_view text);
   [[nodiscard]] static Result<Key> from_wire(Bytes eight_bytes);
 
+  // The fields of a key value as read from a device, whoever registered it.
+  static constexpr std::uint16_t cluster_of(std::uint64_t value) {
+    return static_cast<std::uint16_t>(value >> 48U);
+  }
+  static constexpr std::uint16_t node_of(std::uint64_t value) {
+    return static_cast<std::uint16_t>(value >> 32U);
+  }
+  static constexpr std::uint32_t epoch_of(std::uint64_t value) {
+    return static_cast<std::uint32_t>(value);
+  }
+  // Any key value (0 included) as to_string() prints a key.
+  static std::string format(std::uint64_t value);
+
   std::uint64_t value() const { return value_; }
-  std::uint16_t cluster_id() const { return static_cast<std::uint16_t>(value_ >> 48U); }
-  std::uint16_t node_id() const { return static_cast<std::uint16_t>(value_ >> 32U); }
-  std::uint32_t epoch() const { return static_cast<std::uint32_t>(value_); }
+  std::uint16_t cluster_id() const { return cluster_of(value_); }
+  std::uint16_t node_id() const { return node_of(value_); }
+  std::uint32_t epoch() const { return epoch_of(value_); }
 
   void to_wire(MutableBytes eight_bytes) const { store_be64(eight_bytes, 0, value_); }
   // "0x" and 16 lowercase hex digits, the form sg_persist prints.

@@ -191,7 +191,9 @@ class Resource {
   void begin(Op op, Done done);
   void end(Result<Key> result, Time now);
 
-  void probe_read(Reads reads, Time now);
+  void probe_read(const Reads& reads, Time now);
+  std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
+  std::string not_held(const Reads& reads, std::uint32_t stored) const;
   void acquire_draw(Reads reads, int round, Time at);
   void acquire_register(Key key, Reads reads, int round, Time now);
   void acquire_take(Key key, Reads reads, int round, Time now);
@@ -219,7 +221,11 @@ class Resource {
   void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths, Time now);
 
   void check(Time now);
-  void check_done(Reads reads, Time started, Time now);
+  void check_done(const Reads& reads, Time started, Time now);
+  void count_check(Time started, Time now);
+  void check_held(const Reads& reads, bool has_keys, Time started, Time now);
+  void reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started);
+  void check_unfenced(const Reads& reads, bool has_keys, Time started, Time now);
   void preempt_strays(const Reads& reads, Time now);
   void monitor_send(std::vector<pr::Request> requests, Time now);
   // Runs step once no PR OUT the monitor sent is in flight (at once when none is).
@@ -231,6 +237,9 @@ class Resource {
   Key key_for(std::uint32_t epoch) const;
   bool ours(std::uint64_t key) const;
   bool outranks(std::uint64_t other, Key key) const;
+  // A deliberate protocol bug for the tests to catch (fence/src/mutants.h); the product never
+  // calls it.
+  void mutant_reregister(Time now);
 
   ResourceOptions options_;
   pr::Engine& engine_;

@@ -42,7 +42,7 @@ struct Command {
   static Command from_cdb(std::span<const std::uint8_t> cdb_bytes);
 };
 
-// What happened to a command, before any look at its sense data (docs/design.md §1, layer 3).
+// What happened to a command, before any look at its sense data (docs/design.md §1, transport).
 enum class Outcome : std::uint8_t {
   kGood,                 // status GOOD (or CONDITION MET)
   kCheckCondition,       // status CHECK CONDITION; the sense data says why

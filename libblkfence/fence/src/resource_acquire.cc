@@ -1,0 +1,460 @@
+// The exclusive protocol of a resource: acquire and release (docs/protocol.md, "Acquire" and
+// "Release"; fence layer). See resource.h.
+#include <algorithm>
+#include <set>
+
+#include "blkfence/assert.h"
+#include "blkfence/codec/prin.h"
+#include "blkfence/codec/prout.h"
+#include "blkfence/fence/resource.h"
+#include "blkfence/pr/client.h"
+
+#include "mutants.h"
+#include "resource_reads.h"
+
+namespace blkfence::fence {
+
+void Resource::acquire(Time now, Done done) {
+  if (options_.mode == Mode::kExclusive &&
+      queue_behind_paths([this, done](Time at) mutable { acquire(at, std::move(done)); })) {
+    return;
+  }
+  if (refuse(Mode::kExclusive, now, done)) {
+    return;
+  }
+  if (state_ == State::kHeld && gate_open_) {
+    done(*key_, now);  // the monitor keeps verifying it
+    return;
+  }
+  begin(Op::kAcquire, std::move(done));
+  uncertain_.assign(options_.lus.size(), false);
+  leftover_.reset();   // the new key replaces it on every path
+  new_paths_.clear();  // every path is registered
+  const State before = state_;
+  set_gate(false, now);
+  set_state(State::kAcquiring, "reading keys and reservations");
+  auto stored = epochs_.load(options_.name);
+  if (!stored) {
+    set_state(before, detail_);
+    end(tl::unexpected(stored.error()), now);
+    return;
+  }
+  high_water_ = std::max(high_water_, *stored);
+  after_monitor_prouts(now, [this, before](Time from) {
+    read_all(true, from, [this, before](Reads reads, Time at) {
+      if (!reads.ok()) {
+        set_state(before == State::kFenced ? State::kFenced : State::kReleased,
+                  "acquire failed: " + reads.errors(options_.lus));
+        end(fail(ErrorCode::kIndeterminate,
+                 "acquire of " + options_.name +
+                     ": cannot read the LUs: " + reads.errors(options_.lus)),
+            at);
+        return;
+      }
+      acquire_draw(std::move(reads), 0, at);
+    });
+  });
+}
+
+// Draws the epoch from what reads showed (S3: above every key of this cluster seen and the stored
+// high-water mark), stores it, and registers the new key on every path.
+void Resource::acquire_draw(Reads reads, int round, Time at) {
+  std::uint32_t epoch = high_water_;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    std::vector<std::uint64_t> seen = reads.lus[i].keys->keys;
+    // READ KEYS and READ RESERVATION are two commands: a racer may have registered and taken
+    // the LU between them, so its key can be in the reservation only (S3).
+    if (const auto holder = reads.holder(i)) {
+      seen.push_back(*holder);
+    }
+    for (const std::uint64_t k : seen) {
+      if (Key::cluster_of(k) == options_.cluster_id) {
+        epoch = std::max(epoch, Key::epoch_of(k));
+      }
+    }
+  }
+  if (epoch == UINT32_MAX) {
+    set_state(State::kReleased, "the epoch space is exhausted");
+    end(fail(ErrorCode::kInvalidArgument,
+             "acquire of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),
+        at);
+    return;
+  }
+  const Key key = key_for(epoch + 1);
+  // S3: durable before the key exists anywhere, so no restart can reuse it.
+  if (auto stored_epoch = epochs_.store(options_.name, key.epoch()); !stored_epoch) {
+    set_state(State::kReleased, "cannot store the epoch");
+    end(tl::unexpected(stored_epoch.error()), at);
+    return;
+  }
+  high_water_ = key.epoch();
+  key_ = key;
+  fenced_by_.reset();
+  set_state(State::kAcquiring, "registering " + key.to_string());
+  acquire_register(key, std::move(reads), round, at);
+}
+
+void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
+  std::vector<pr::Request> requests;
+  for (const auto& lu : options_.lus) {
+    for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
+                                              "REGISTER AND IGNORE EXISTING KEY")) {
+      requests.push_back(std::move(request));
+    }
+  }
+  run(std::move(requests), now,
+      [this, key, round, reads = std::move(reads)](const std::vector<pr::Response>& responses,
+                                                   Time at) mutable {
+        if (const std::string error = first_error(responses); !error.empty()) {
+          acquire_failed(key, "register: " + error, at);
+          return;
+        }
+        acquire_take(key, std::move(reads), round, at);
+      });
+}
+
+// A PREEMPT or RESERVE that timed out may still execute, and make our key the holder, at any time
+// until the target has answered or aborted it; acquire_failed must not unregister there.
+void Resource::note_uncertain(const std::vector<pr::Response>& responses,
+                              const std::vector<std::size_t>& lu_of) {
+  for (std::size_t r = 0; r < responses.size(); ++r) {
+    if (!responses[r].data && responses[r].data.error().code() == ErrorCode::kIndeterminate) {
+      uncertain_[lu_of[r]] = true;
+    }
+  }
+}
+
+codec::PrOutCommand Resource::take_command(Key key, std::uint64_t victim) const {
+  return options_.preempt_abort ? codec::prout_preempt_and_abort(key.value(), victim, options_.type)
+                                : codec::prout_preempt(key.value(), victim, options_.type);
+}
+
+void Resource::acquire_take(Key key, Reads reads, int round, Time now) {
+  for (std::size_t i = 0; i < options_.lus.size(); ++i) {
+    // A key of another node of this cluster with an epoch as high as ours holds: it registered
+    // after our read, and it may well have opened its gate already. Taking over with our key
+    // would give two tokens the same epoch (BLKFENCE_EPOCH must order them, S3); draw a new one,
+    // above it, and register that instead.
+    const auto holder = reads.holder(i);
+    if (holder && !ours(*holder) && Key::cluster_of(*holder) == options_.cluster_id &&
+        Key::epoch_of(*holder) >= key.epoch()) {
+      if (round + 1 >= options_.verify_rounds_max) {
+        acquire_failed(key, "take: " + options_.lus[i].name + " is held by " + Key::format(*holder),
+                       now);
+        return;
+      }
+      acquire_draw(std::move(reads), round + 1, now);
+      return;
+    }
+  }
+  set_state(State::kAcquiring, "taking the reservation with " + key.to_string());
+  std::vector<pr::Request> requests;
+  std::vector<std::size_t> lu_of;
+  for (std::size_t i = 0; i < options_.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    if (holder == key.value()) {
+      continue;
+    }
+    lu_of.push_back(i);
+    // An older key of our own holds (an acquire after lost contact, or after one that failed past
+    // this step): the register step moved our holding nexus to the new key, so there is nothing
+    // left to preempt (a PREEMPT of the old key would find no registration and conflict).
+    // RESERVE, on the first path as every take, is GOOD for the holder.
+    if (holder && !ours(*holder)) {
+      requests.push_back(
+          pr::prout_first_path(options_.lus[i], take_command(key, *holder),
+                               options_.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT"));
+    } else {
+      requests.push_back(pr::prout_first_path(
+          options_.lus[i], codec::prout_reserve(key.value(), options_.type), "RESERVE"));
+    }
+  }
+  run(std::move(requests), now,
+      [this, key, round, reads = std::move(reads), lu_of](
+          const std::vector<pr::Response>& responses, Time at) {
+        note_uncertain(responses, lu_of);
+        if (const std::string error = first_error(responses); !error.empty()) {
+          // Someone moved first, or the answer is unknown (S4): the verify reads again and decides
+          // whether a racer outranks us (we lost) or not (take those LUs back).
+          if (round + 1 >= options_.verify_rounds_max) {
+            acquire_failed(key, "take: " + error, at);
+            return;
+          }
+          acquire_verify(key, round + 1, at);
+          return;
+        }
+        acquire_preempt_others(key, reads, round, at);
+      });
+}
+
+void Resource::acquire_preempt_others(Key key, const Reads& reads, int round, Time now) {
+  std::vector<pr::Request> requests;
+  std::vector<std::size_t> lu_of;
+  for (std::size_t i = 0; i < options_.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    for (const std::uint64_t other : reads.others(i, key.value())) {
+      if (holder == other) {
+        continue;  // preempted in the take step with its registrations
+      }
+      lu_of.push_back(i);
+      requests.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other),
+                                              "PREEMPT (other registrant)"));
+    }
+  }
+  if (requests.empty()) {
+    acquire_verify(key, round, now);
+    return;
+  }
+  set_state(State::kAcquiring, "removing other registrations");
+  // A conflict here means the key went away meanwhile; the verify read decides (S4).
+  run(std::move(requests), now,
+      [this, key, round, lu_of](const std::vector<pr::Response>& responses, Time at) {
+        note_uncertain(responses, lu_of);
+        acquire_verify(key, round, at);
+      });
+}
+
+void Resource::acquire_verify(Key key, int round, Time now) {
+  if constexpr (mutant::kSkipVerify) {
+    acquire_succeeded(key, now, now);
+    return;
+  }
+  set_state(State::kAcquiring, "verifying " + key.to_string());
+  read_all(true, now, [this, key, round](Reads reads, Time at) {
+    if (!reads.ok()) {
+      acquire_failed(key, "verify: " + reads.errors(options_.lus), at);
+      return;
+    }
+    bool others = false;
+    bool retake = false;
+    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+      const auto holder = reads.holder(i);
+      if (!reads.registered(i, key.value())) {
+        acquire_failed(key, "verify: our key was removed from " + options_.lus[i].name, at);
+        return;
+      }
+      if (holder != key.value()) {
+        if (holder && outranks(*holder, key)) {
+          // A racing acquire with a higher (epoch, node) takes precedence (docs/protocol.md).
+          acquire_failed(
+              key, "verify: " + options_.lus[i].name + " is held by " + Key::format(*holder), at);
+          return;
+        }
+        retake = true;  // a racer with a lower key got there between our take and this read
+      }
+      others = others || !reads.others(i, key.value()).empty();
+    }
+    if (retake || others) {
+      if (round + 1 >= options_.verify_rounds_max) {
+        acquire_failed(key, "verify: other keys keep appearing", at);
+        return;
+      }
+      if (retake) {
+        acquire_take(key, std::move(reads), round + 1, at);
+      } else {
+        acquire_preempt_others(key, reads, round + 1, at);
+      }
+      return;
+    }
+    if (at - reads.started >= options_.lease) {
+      // The verify read is a lease old by now (a slow or stalled target): the gate would open
+      // with its lease already over. Read again while rounds remain.
+      if (round + 1 >= options_.verify_rounds_max) {
+        acquire_failed(key, "verify: the reads take longer than the lease", at);
+        return;
+      }
+      acquire_verify(key, round + 1, at);
+      return;
+    }
+    acquire_succeeded(key, reads.started, at);
+  });
+}
+
+void Resource::acquire_succeeded(Key key, Time verified_since, Time now) {
+  key_ = key;
+  ++counters_.acquisitions;
+  set_state(State::kHeld, "acquired with " + key.to_string());
+  last_success_ = verified_since;
+  set_gate(true, verified_since);
+  emit(EventKind::kAcquired, detail_);
+  next_check_ = now + options_.check_interval;
+  round_ = 0;
+  end(key, now);
+}
+
+void Resource::acquire_failed(Key key, std::string why, Time now) {
+  ++counters_.acquire_failures;
+  // S4: whatever failed may still have executed; read the state before deciding anything.
+  read_all(true, now, [this, key, why = std::move(why)](Reads reads, Time at) {
+    std::vector<pr::Request> cleanup;
+    std::string left;
+    std::optional<std::uint64_t> winner;
+    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+      const auto holder = reads.holder(i);
+      if (!holder || *holder == key.value()) {
+        continue;  // ours, or nobody's: the key keeps it, gate closed, as after a release
+      }
+      winner = holder;
+      // Lost on this LU, and our key is registered there (or its keys could not be read, and a
+      // REGISTER of ours may have executed, S4): our registration would let this node write under
+      // the winner's reservation, so take it back. Not where a PREEMPT or RESERVE of ours timed
+      // out: should it execute before the unregister, we would be the holder, and unregistering
+      // the holder drops the reservation, which lets every nexus write (S1). There the key stays
+      // registered; the monitor takes it back once that command can no longer execute.
+      if (reads.lus[i].keys && !reads.registered(i, key.value())) {
+        continue;
+      }
+      if (uncertain_[i]) {
+        left += (left.empty() ? "" : ", ") + options_.lus[i].name;
+        continue;
+      }
+      for (auto& request : pr::prout_every_path(
+               options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+        cleanup.push_back(std::move(request));
+      }
+    }
+    std::string detail = "acquire with " + key.to_string() + " failed: " + why;
+    if (!reads.ok()) {
+      detail += "; and reading back: " + reads.errors(options_.lus);
+    }
+    const ErrorCode code = winner ? ErrorCode::kLost : ErrorCode::kIndeterminate;
+    if (winner) {
+      detail += "; " + Key::format(*winner) + " holds it";
+    }
+    if (!left.empty()) {
+      detail += "; " + key.to_string() + " stays registered on " + left +
+                " until a PREEMPT of ours that timed out can no longer execute";
+      leftover_ = Leftover{.key = key, .after = at + late_execution_horizon()};
+    }
+    if (auto given_up = give_up(key); !given_up) {
+      detail += "; and storing the epoch failed (a restart could adopt " + key.to_string() +
+                "): " + given_up.error().message();
+    }
+    const auto finish = [this, code, detail](Time when) {
+      set_state(State::kReleased, detail);
+      end(fail(code, "resource " + options_.name + ": " + detail), when);
+    };
+    if (cleanup.empty()) {
+      finish(at);
+      return;
+    }
+    run(std::move(cleanup), at,
+        [finish](const std::vector<pr::Response>&, Time done_at) { finish(done_at); });
+  });
+}
+
+// How long after an acquire failed a PR OUT of it that timed out is assumed unable to execute any
+// more: the initiator aborts a timed-out command (SCSI error handling), so twice its timeout.
+Time Resource::late_execution_horizon() const {
+  return 2 * std::chrono::duration_cast<Time>(engine_.policy().command_timeout);
+}
+
+// --- release -------------------------------------------------------------------------------------
+
+void Resource::release(Time now, Done done) {
+  if (op_ == Op::kPaths) {
+    set_gate(false, now);  // the writer stops now, whatever waits
+  }
+  if (queue_behind_paths([this, done](Time at) mutable { release(at, std::move(done)); })) {
+    return;
+  }
+  if (op_ != Op::kNone) {
+    done(fail(ErrorCode::kBusy, "resource " + options_.name + ": another operation is running"),
+         now);
+    return;
+  }
+  begin(Op::kRelease, std::move(done));
+  // The writer stops before anything else happens (docs/protocol.md, Release).
+  set_gate(false, now);
+  if (!key_) {
+    set_state(State::kReleased, "released (this node held no key)");
+    emit(EventKind::kReleased, detail_);
+    end(fail(ErrorCode::kLost, "resource " + options_.name + ": this node holds no key"), now);
+    return;
+  }
+  const Key key = *key_;
+  if (options_.mode == Mode::kShared) {
+    release_shared(key, now);
+    return;
+  }
+  const bool held = state_ == State::kHeld || state_ == State::kLostContact;
+  // Exclusive: the token is given up here, not on the target. Dropping the reservation would let
+  // every nexus write, a node preempted a moment ago that has not noticed yet included (S1), and
+  // the LUs would forget the epoch (S3). So the key keeps the reservation, with the gate closed,
+  // until the next acquirer preempts it as it preempts any holder; and the store moves one past it
+  // so that a restart does not adopt a key that was given up (docs/protocol.md, release).
+  if (auto given_up = give_up(key); !given_up) {
+    set_state(State::kReleased, "released " + key.to_string() +
+                                    ", but the epoch store failed: a restart would adopt it again");
+    emit(EventKind::kReleased, detail_);
+    end(fail(given_up.error().code(), "release of " + options_.name + ": " + detail_ + " (" +
+                                          given_up.error().message() + ")"),
+        now);
+    return;
+  }
+  set_state(State::kReleased,
+            "released " + key.to_string() +
+                (held ? ": gate closed; the key keeps the reservation until another node acquires"
+                      : " (it no longer held the LUs)"));
+  emit(EventKind::kReleased, detail_);
+  key_.reset();
+  end(key, now);
+}
+
+Result<void> Resource::give_up(Key key) {
+  if (key.epoch() == UINT32_MAX || high_water_ > key.epoch()) {
+    return {};  // nothing above it can be adopted; the exhausted space refuses acquires anyway
+  }
+  if (auto stored = epochs_.store(options_.name, key.epoch() + 1); !stored) {
+    return stored;
+  }
+  high_water_ = key.epoch() + 1;
+  return {};
+}
+
+void Resource::release_shared(Key key, Time now) {
+  set_state(State::kReleasing, "releasing " + key.to_string());
+  std::vector<pr::Request> releases;
+  for (const auto& lu : options_.lus) {
+    releases.push_back(
+        pr::prout_first_path(lu, codec::prout_release(key.value(), options_.type), "RELEASE"));
+  }
+  after_monitor_prouts(now, [this, key, releases = std::move(releases)](Time from) mutable {
+    run(std::move(releases), from, [this, key](const std::vector<pr::Response>&, Time at) {
+      std::vector<pr::Request> unregisters;
+      for (const auto& lu : options_.lus) {
+        for (auto& request : pr::prout_every_path(lu, codec::prout_register(key.value(), 0),
+                                                  "REGISTER (unregister)")) {
+          unregisters.push_back(std::move(request));
+        }
+      }
+      run(std::move(unregisters), at, [this, key](const std::vector<pr::Response>&, Time done_at) {
+        // RESERVATION CONFLICT means the key was already gone; read back to report the truth.
+        read_all(true, done_at, [this, key](Reads reads, Time read_at) {
+          std::string left;
+          for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+            if (!reads.lus[i].error.empty() || reads.registered(i, key.value())) {
+              left += (left.empty() ? "" : ", ") + options_.lus[i].name;
+            }
+          }
+          if (left.empty()) {
+            set_state(State::kReleased, "released " + key.to_string());
+            emit(EventKind::kReleased, detail_);
+            key_.reset();
+            end(key, read_at);
+            return;
+          }
+          set_state(State::kReleased,
+                    "released, but " + key.to_string() + " may still be registered on " + left);
+          emit(EventKind::kReleased, detail_);
+          end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_),
+              read_at);
+        });
+      });
+    });
+  });
+}
+
+// --- shared mode ---------------------------------------------------------------------------------
+
+}  // namespace blkfence::fence

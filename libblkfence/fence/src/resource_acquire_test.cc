@@ -1,0 +1,393 @@
+// Proves fence::Resource's acquire (docs/protocol.md, "Acquire") on the bench of
+// resource_test_bench.h: acquire registers every path and leaves its key the holder and only
+// registrant with a fresh, persisted epoch (above the persisted mark, every key seen, and a holder
+// seen only in the reservation); a second acquire preempts the first, whose gate closes within one
+// check_interval plus a round trip; the holder re-acquires under a new key; a second operation is
+// refused while one runs; and the failure paths (unreadable LUs, an epoch store that cannot
+// persist, a lost REGISTER answer, keys that cannot be read back, a verify older than the lease)
+// open no gate, read before any further PR OUT, and leave the loser's registration to the
+// winner's monitor.
+#include <gtest/gtest.h>
+
+#include "resource_test_bench.h"
+
+namespace blkfence::fence::test {
+namespace {
+
+// Acquire on three LUs, each reached through two nexuses: REGISTER AND IGNORE goes to every path,
+// the key ends as the holder and the only registrant (B's key, seen on one LU, is preempted), the
+// epoch is one above the highest this cluster shows on any LU (9, above the persisted 7), it is
+// persisted, and the gate opens with a verified_since no later than the moment it opened.
+TEST_F(ResourceTest, AcquireRegistersEveryPathAndHoldsAloneWithAFreshPersistedEpoch) {
+  ASSERT_TRUE(a->store.store("pgdata", 7).has_value());
+  register_directly(nexus_of(kNodeB, 1, 0), 1, key_of(kNodeB, 9).value());
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_FALSE(a->resource->gate_open());
+
+  const std::size_t before = sent.size();
+  const Key key = acquired(*a);
+  EXPECT_EQ(key, key_of(kNodeA, 10));
+  EXPECT_EQ(a->store.load("pgdata").value_or(0), 10U);
+  EXPECT_EQ(a->resource->epoch_high_water(), 10U);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key.value(), key.value()})) << "LU " << lu;
+    EXPECT_EQ(holder_of(lu), key.value()) << "LU " << lu;
+    EXPECT_EQ(target.reservation(static_cast<LuId>(lu))->type, kWeRo);
+    for (std::size_t path = 0; path < 2; ++path) {
+      const auto mine = a->sent_since(before);
+      EXPECT_TRUE(std::any_of(mine.begin(), mine.end(),
+                              [&](const Sent& s) {
+                                return s.is(PrOutAction::kRegisterAndIgnoreExistingKey) &&
+                                       s.sa_key == key.value() &&
+                                       s.nexus == nexus_of(kNodeA, lu, path);
+                              }))
+          << "no REGISTER AND IGNORE EXISTING KEY on LU " << lu << " path " << path;
+    }
+  }
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  ASSERT_TRUE(a->resource->gate_open());
+  ASSERT_EQ(a->recorder.gates.size(), 1U);
+  EXPECT_TRUE(a->recorder.gates[0].open);
+  EXPECT_LE(a->recorder.gates[0].verified_since, a->recorder.gates[0].at);
+  EXPECT_EQ(a->recorder.count(EventKind::kAcquired), 1U);
+  EXPECT_EQ(a->resource->counters().acquisitions, 1U);
+}
+
+// S3: the persisted high-water mark wins when it is above every key on the LUs (a CLEAR or a LUN
+// reset may have forgotten them), and a second acquire while holding returns the same key.
+TEST_F(ResourceTest, EpochIsAboveThePersistedHighWaterWhenTheLusForgot) {
+  ASSERT_TRUE(a->store.store("pgdata", 12).has_value());
+  register_directly(nexus_of(kNodeB, 0, 0), 0, key_of(kNodeB, 9).value());
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  EXPECT_EQ(key.epoch(), 13U);
+  EXPECT_EQ(a->store.load("pgdata").value_or(0), 13U);
+  EXPECT_EQ(acquired(*a), key) << "acquire while holding is a no-op";
+  EXPECT_EQ(a->store.load("pgdata").value_or(0), 13U);
+}
+
+class PreemptTest : public ResourceTest, public ::testing::WithParamInterface<bool> {};
+
+// A second node's acquire preempts the holder on every LU with a higher epoch; the first node's
+// monitor reports Fenced (naming the new holder) within one check_interval plus a round trip (and
+// the unit-attention retry the preempt causes) after the preempt executed, and closes its gate.
+TEST_P(PreemptTest, SecondAcquirePreemptsAndTheHolderClosesItsGateWithinACheckInterval) {
+  const bool abort = GetParam();
+  a->boot(a->options(Mode::kExclusive, abort));
+  b->boot(b->options(Mode::kExclusive, abort));
+  const Key key_a = acquired(*a);
+  run_for(milliseconds(250));  // the monitor is in its stride
+  ASSERT_TRUE(a->resource->gate_open());
+
+  const Key key_b = acquired(*b);
+  EXPECT_GT(key_b.epoch(), key_a.epoch());
+  std::optional<Time> preempted;
+  for (const auto& record : prouts_of(kNodeB)) {
+    const auto action = abort ? PrOutAction::kPreemptAndAbort : PrOutAction::kPreempt;
+    if (record.service_action == static_cast<std::uint8_t>(action) &&
+        record.sa_key == key_a.value() && record.outcome.status == 0) {
+      preempted = std::max(preempted.value_or(Time{0}), record.at);
+    }
+  }
+  ASSERT_TRUE(preempted.has_value()) << "B's acquire did not preempt A's key";
+  ASSERT_TRUE(run_until([&] { return a->recorder.count(EventKind::kFenced) > 0; }));
+  const auto fenced = a->recorder.last(EventKind::kFenced);
+  EXPECT_LE(fenced->first - *preempted, kCheckInterval + 2 * kLatencyMax);
+  EXPECT_EQ(fenced->second.other_key, key_b.value());
+  EXPECT_EQ(a->resource->state(), State::kFenced);
+  EXPECT_FALSE(a->resource->gate_open());
+  ASSERT_GE(a->recorder.gates.size(), 2U);
+  EXPECT_FALSE(a->recorder.gates.back().open);
+  EXPECT_EQ(a->recorder.gates.back().at, fenced->first);
+  EXPECT_EQ(a->resource->fenced_by(), key_b.value());
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key_b.value()}));
+    EXPECT_EQ(holder_of(lu), key_b.value());
+  }
+  EXPECT_TRUE(b->resource->gate_open());
+}
+
+INSTANTIATE_TEST_SUITE_P(PreemptOrPreemptAndAbort, PreemptTest, ::testing::Bool(),
+                         [](const auto& param_info) {
+                           return param_info.param ? "Abort" : "Preempt";
+                         });
+
+// An acquire by the node that still holds the reservation under an older key of its own (here
+// after lost contact closed its gate; equally after an acquire that failed past its take step)
+// succeeds with a fresh epoch: REGISTER AND IGNORE already moved the holder's registration to the
+// new key, so there is nothing of the old key left to preempt.
+TEST_F(ResourceTest, ReacquireWhileHoldingAnOlderKeyOfItsOwnSucceeds) {
+  a->boot(a->options());
+  const Key old_key = acquired(*a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+  }
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+  }
+  Outcome* outcome = a->acquire();  // before the monitor sees the key again
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_TRUE(outcome->result->has_value()) << outcome->result->error().message();
+  const Key key = **outcome->result;
+  EXPECT_GT(key.epoch(), old_key.epoch());
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key.value(), key.value()}));
+    EXPECT_EQ(holder_of(lu), key.value());
+  }
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+}
+
+// One operation at a time: acquire or release while an acquire runs is refused at once with
+// kBusy, and the running acquire still completes.
+TEST_F(ResourceTest, ASecondOperationIsRefusedWhileOneRuns) {
+  a->boot(a->options());
+  Outcome* first = a->acquire();
+  EXPECT_FALSE(first->done());
+  EXPECT_TRUE(a->resource->busy());
+  Outcome* second = a->acquire();
+  Outcome* release = a->release();
+  ASSERT_TRUE(second->done());
+  ASSERT_TRUE(release->done());
+  EXPECT_EQ(second->result->error().code(), ErrorCode::kBusy);
+  EXPECT_EQ(release->result->error().code(), ErrorCode::kBusy);
+  ASSERT_TRUE(run_until([&] { return first->done(); }));
+  ASSERT_TRUE(first->result->has_value()) << first->result->error().message();
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_FALSE(a->resource->busy());
+}
+
+class UnreadableTest : public ResourceTest, public ::testing::WithParamInterface<bool> {};
+
+// When the LUs cannot be read (every path's transport fails, or no answer comes back before the
+// timeout), acquire fails as kIndeterminate: no PR OUT is sent and the gate never opens.
+TEST_P(UnreadableTest, AcquireFailsIndeterminateWithoutAGateOrAPrOut) {
+  const bool silent = GetParam();
+  a->boot(a->options());
+  a->faults = [silent](const FaultContext& c) {
+    Fault fault;
+    if (c.command.cdb[0] == 0x5e) {
+      fault.transport_error = !silent;
+      fault.drop_request = silent;
+    }
+    return fault;
+  };
+  const std::size_t before = sent.size();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kIndeterminate)
+      << outcome->result->error().message();
+  EXPECT_TRUE(a->recorder.gates.empty() ||
+              std::none_of(a->recorder.gates.begin(), a->recorder.gates.end(),
+                           [](const Recorder::Gate& g) { return g.open; }));
+  const auto mine = a->sent_since(before);
+  EXPECT_FALSE(mine.empty());
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_EQ(a->recorder.count(EventKind::kOperationFailed), 1U);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_TRUE(keys_on(lu).empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TransportErrorOrSilence, UnreadableTest, ::testing::Bool(),
+                         [](const auto& param_info) {
+                           return param_info.param ? "Silence" : "TransportError";
+                         });
+
+// S3: the epoch is durable before the key exists anywhere, so an epoch store that cannot write
+// fails the acquire before any PR OUT.
+TEST_F(ResourceTest, AcquireSendsNothingWhenTheEpochCannotBePersisted) {
+  FailingStore store;
+  a->boot(a->options(), &store);
+  const std::size_t before = sent.size();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kOs);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  EXPECT_FALSE(a->resource->gate_open());
+  a->crash();  // before the store goes
+}
+
+// A REGISTER whose answer is lost is indeterminate (S4): the acquire reads the state again before
+// sending any further PR OUT, takes nothing (nobody holds, so it reserves nothing) and fails
+// without opening the gate.
+TEST_F(ResourceTest, AnIndeterminateRegisterIsReadBackBeforeAnyOtherPrOut) {
+  a->boot(a->options());
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    fault.drop_response = c.command.cdb[0] == 0x5f && c.lu == 1 && c.nexus % 10 == 1 &&
+                          (c.command.cdb[1] & 0x1fU) ==
+                              static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+    return fault;
+  };
+  const std::size_t before = sent.size();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kIndeterminate);
+  EXPECT_FALSE(a->resource->gate_open());
+  // After the lost answer: a PR IN before any further PR OUT.
+  const auto mine = a->sent_since(before);
+  const auto lost = std::find_if(mine.begin(), mine.end(), [](const Sent& s) {
+    return s.is(PrOutAction::kRegisterAndIgnoreExistingKey) && s.lu == 1 && s.nexus % 10 == 1;
+  });
+  ASSERT_NE(lost, mine.end());
+  const Time deadline = lost->at + kCommandTimeout;
+  std::optional<Time> reread;
+  for (const Sent& s : mine) {
+    if (s.at >= deadline && s.opcode == 0x5e && !reread) {
+      reread = s.at;
+    }
+    if (s.at >= deadline && s.is_prout()) {
+      ASSERT_TRUE(reread.has_value()) << "a PR OUT after the timeout without reading first";
+    }
+  }
+  EXPECT_TRUE(reread.has_value());
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_FALSE(holder_of(lu).has_value());
+  }
+}
+
+// S3: READ KEYS and READ RESERVATION are separate commands, so a racer can register and take a
+// LU between them; its key then shows only as the holder. The epoch is drawn above it too, so the
+// take never replaces a holder (whose gate may be open) with a key of the same epoch. Here A's
+// READ RESERVATIONs are held in the target until B has acquired.
+TEST_F(ResourceTest, TheEpochIsAboveAHolderSeenOnlyInTheReservation) {
+  a->boot(a->options());
+  b->boot(b->options());
+  int held = 0;
+  a->faults = [&held](const FaultContext& c) {
+    Fault fault;
+    if (c.command.cdb[0] == 0x5e &&
+        (c.command.cdb[1] & 0x1fU) ==
+            static_cast<std::uint8_t>(codec::PrInAction::kReadReservation) &&
+        held < static_cast<int>(kLus)) {
+      ++held;
+      fault.execute_delay = milliseconds(50);
+    }
+    return fault;
+  };
+  Outcome* outcome_a = a->acquire();
+  run_for(milliseconds(1));
+  const Key key_b = acquired(*b);
+  ASSERT_TRUE(b->resource->gate_open());
+  ASSERT_TRUE(run_until([&] { return outcome_a->done(); }));
+  ASSERT_TRUE(outcome_a->result->has_value()) << outcome_a->result->error().message();
+  EXPECT_GT((**outcome_a->result).epoch(), key_b.epoch());
+  a->faults = nullptr;
+}
+
+// A failed acquire takes its key back where another node holds, and also where it cannot read
+// the keys back (S4: its REGISTER may have executed there): no registration of the loser is left
+// under the winner's reservation. Here B holds; A's REGISTER on LU 0 loses its answer, and so do
+// A's reads of LU 2's keys afterwards.
+TEST_F(ResourceTest, AFailedAcquireUnregistersWhereItCannotReadItsKeysBack) {
+  a->boot(a->options());
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  bool registered = false;
+  a->faults = [&registered](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+    if (c.command.cdb[0] == 0x5f &&
+        action == static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey)) {
+      registered = true;
+      fault.drop_response = c.lu == 0 && c.nexus % 10 == 1;
+    }
+    fault.drop_response =
+        fault.drop_response || (registered && c.command.cdb[0] == 0x5e && c.lu == 2 &&
+                                action == static_cast<std::uint8_t>(codec::PrInAction::kReadKeys));
+    return fault;
+  };
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kLost);
+  EXPECT_FALSE(a->resource->gate_open());
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key_b.value()})) << "LU " << lu;
+    EXPECT_EQ(holder_of(lu), key_b.value());
+  }
+  EXPECT_GT(a->store.load("pgdata").value_or(0), key_b.epoch() + 1)
+      << "one past A's given-up epoch, itself above B's";
+  a->faults = nullptr;
+}
+
+// Where a PREEMPT of a failed acquire timed out, the key is not unregistered at once: had the
+// PREEMPT executed first, the unregister would drop the reservation (S1). Here every PREEMPT of
+// A's on LU 0 is lost on the way, so the acquire gives up with B holding LU 0 and A holding the
+// others: A's key stays registered on LU 0 until the late-execution horizon has passed, then A's
+// monitor unregisters it there; on LUs 1 and 2 it keeps the reservation, gate closed.
+TEST_F(ResourceTest, AFailedAcquireUnregistersLateWhereItsPreemptTimedOut) {
+  a->boot(a->options());
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+    fault.drop_request = c.command.cdb[0] == 0x5f && c.lu == 0 &&
+                         action == static_cast<std::uint8_t>(PrOutAction::kPreempt);
+    return fault;
+  };
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kLost);
+  EXPECT_NE(outcome->result->error().message().find("stays registered on lu0"), std::string::npos)
+      << outcome->result->error().message();
+  const Time failed_at = now();
+  const std::size_t before = sent.size();
+  ASSERT_EQ(holder_of(0), key_b.value());
+  const std::uint64_t key_a = holder_of(1).value_or(0);
+  ASSERT_EQ(key_a >> 32U, (std::uint64_t{kCluster} << 16U) | kNodeA) << "A took LU 1";
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key_a, key_a, key_b.value()}));
+  a->faults = nullptr;
+
+  ASSERT_TRUE(run_until([&] { return keys_on(0) == std::vector<std::uint64_t>{key_b.value()}; }));
+  const auto unregisters = a->sent_since(before);
+  const auto first = std::find_if(unregisters.begin(), unregisters.end(), [](const Sent& s) {
+    return s.is(PrOutAction::kRegister) && s.sa_key == 0;
+  });
+  ASSERT_NE(first, unregisters.end());
+  EXPECT_GE(first->at - failed_at, 2 * kCommandTimeout) << "not before the horizon";
+  EXPECT_EQ(first->lu, 0U);
+  for (std::size_t lu = 1; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), key_a) << "LU " << lu << " keeps its reservation";
+  }
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+}
+
+// A verify read that comes back a lease after it was issued does not open the gate (it would open
+// with its lease over); the acquire reads again, and gives up when every round is that slow.
+TEST_F(ResourceTest, AVerifyOlderThanTheLeaseOpensNoGate) {
+  ResourceOptions options = a->options();
+  options.lease = milliseconds(3);
+  a->boot(options);
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    if (c.command.cdb[0] == 0x5e) {
+      fault.response_delay = milliseconds(5);  // within the command timeout, beyond the lease
+    }
+    return fault;
+  };
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_NE(outcome->result->error().message().find("longer than the lease"), std::string::npos)
+      << outcome->result->error().message();
+  EXPECT_TRUE(std::none_of(a->recorder.gates.begin(), a->recorder.gates.end(),
+                           [](const Recorder::Gate& g) { return g.open; }));
+  a->faults = nullptr;
+}
+
+}  // namespace
+}  // namespace blkfence::fence::test

@@ -1,0 +1,290 @@
+// The monitor of a resource: periodic checks, the lease, strays and leftovers, the fence
+// (docs/protocol.md, "Monitor"; fence layer). See resource.h.
+#include <algorithm>
+#include <set>
+
+#include "blkfence/assert.h"
+#include "blkfence/codec/prin.h"
+#include "blkfence/codec/prout.h"
+#include "blkfence/fence/resource.h"
+#include "blkfence/pr/client.h"
+
+#include "mutants.h"
+#include "resource_reads.h"
+
+namespace blkfence::fence {
+
+void Resource::on_time(Time now) {
+  if (gate_open_ && last_success_ && now - *last_success_ >= options_.lease) {
+    // Fail closed: the storage may have moved on without us being able to see it.
+    ++counters_.lost_contact;
+    set_gate(false, now);
+    set_state(State::kLostContact, "no successful check for the lease (" +
+                                       std::to_string(options_.lease.count() / 1'000'000) +
+                                       " ms): gate closed");
+    emit(EventKind::kLostContact, detail_);
+    keys_next_ = true;
+  }
+  if (op_ == Op::kNone && !check_in_flight_ && state_known() && next_check_ &&
+      *next_check_ <= now) {
+    check(now);
+  }
+}
+
+std::optional<Time> Resource::next_wake() const {
+  std::optional<Time> wake;
+  if (op_ == Op::kNone && !check_in_flight_ && next_check_) {
+    wake = next_check_;
+  }
+  if (gate_open_ && last_success_) {
+    const Time expiry = *last_success_ + options_.lease;
+    wake = wake ? std::min(*wake, expiry) : expiry;
+  }
+  return wake;
+}
+
+void Resource::check(Time now) {
+  const bool with_keys = keys_next_ || leftover_ || options_.mode == Mode::kShared ||
+                         state_ == State::kLostContact || state_ == State::kUnknown ||
+                         round_ % options_.keys_every == 0;
+  ++round_;
+  keys_next_ = false;
+  check_in_flight_ = true;
+  next_check_ = now + options_.check_interval;
+  const std::uint64_t generation = generation_;
+  read_all(with_keys, now, [this, generation, now](const Reads& reads, Time at) {
+    if (generation != generation_) {
+      return;  // an operation started meanwhile; its own reads decide
+    }
+    check_in_flight_ = false;
+    check_done(reads, now, at);
+  });
+}
+
+void Resource::check_done(const Reads& reads, Time started, Time now) {
+  count_check(started, now);
+  if (reads.unit_attention) {
+    // Reservations preempted or released, registrations preempted, a reset: look again now,
+    // keys included (docs/protocol.md, Monitor).
+    keys_next_ = true;
+    next_check_ = now;
+  }
+  if (!reads.ok()) {
+    ++counters_.check_failures;
+    if (state_ == State::kUnknown) {
+      detail_ = "cannot read the LUs: " + reads.errors(options_.lus);
+    }
+    return;  // the lease decides (on_time)
+  }
+  last_read_ok_ = started;
+  if (state_ == State::kUnknown) {
+    // The first read failed at start; decide now, exactly as start() would have.
+    begin(Op::kProbe, nullptr);
+    probe_read(reads, now);
+    return;
+  }
+  const bool has_keys = std::all_of(reads.lus.begin(), reads.lus.end(),
+                                    [](const Reads::Lu& lu) { return lu.keys.has_value(); });
+  if (leftover_ && has_keys && started >= leftover_->after) {
+    take_back_leftover(reads, now);
+  }
+  if (state_ == State::kHeld || state_ == State::kLostContact) {
+    check_held(reads, has_keys, started, now);
+  } else if (state_ == State::kUnfenced) {
+    check_unfenced(reads, has_keys, started, now);
+  }
+}
+
+void Resource::count_check(Time started, Time now) {
+  ++counters_.checks;
+  const auto latency = now - started;
+  counters_.check_latency_last = latency;
+  counters_.check_latency_sum += latency;
+  counters_.check_latency_max = std::max(counters_.check_latency_max, latency);
+}
+
+// Exclusive: our key must still hold every LU and be registered there (keys, when read).
+void Resource::check_held(const Reads& reads, bool has_keys, Time started, Time now) {
+  BLKFENCE_ASSERT(key_.has_value());
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    const bool key_gone = has_keys && !reads.registered(i, key_->value());
+    if (holder != key_->value() || key_gone) {
+      // READ RESERVATION may have run before the preempt and READ KEYS after it: the holder
+      // read is then our own key, and the one that fenced us is the key registered instead.
+      std::optional<std::uint64_t> by = holder;
+      if (by == key_->value()) {
+        const auto others = reads.others(i, key_->value());
+        by = others.empty() ? std::nullopt : std::optional(others.front());
+      }
+      fenced(by, options_.lus[i].name,
+             holder ? "the reservation is held by " + Key::format(*holder)
+                    : (key_gone ? "our key is no longer registered" : "no reservation"),
+             now);
+      return;
+    }
+  }
+  last_success_ = started;
+  if (has_keys) {
+    preempt_strays(reads, now);
+  }
+  if (state_ == State::kLostContact) {
+    reopen_after_lost_contact(reads, has_keys, started);
+  }
+}
+
+// Lost contact ends when a check sees our key as the holder again; the gate reopens only while it
+// is still the only registrant (keys read), as after a verified acquire.
+void Resource::reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started) {
+  bool sole = has_keys;
+  for (std::size_t i = 0; sole && i < reads.lus.size(); ++i) {
+    sole = reads.others(i, key_->value()).empty();
+  }
+  if (!sole) {
+    keys_next_ = true;
+    detail_ = "contact is back but other keys are registered; the gate stays closed";
+    return;
+  }
+  set_state(State::kHeld, "contact is back and " + key_->to_string() +
+                              " is still the only holder: gate reopened");
+  set_gate(true, started);
+  emit(EventKind::kContactRestored, detail_);
+}
+
+// Shared: our key must stay registered on every LU, and a reservation must protect each.
+void Resource::check_unfenced(const Reads& reads, bool has_keys, Time started, Time now) {
+  BLKFENCE_ASSERT(key_.has_value());
+  std::vector<pr::Request> reserves;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    if (has_keys && !reads.registered(i, key_->value())) {
+      fenced(reads.holder(i), options_.lus[i].name, "our key was removed", now);
+      return;
+    }
+    if (!reads.lus[i].reservation->reservation) {
+      // Without a reservation any nexus may write; putting one back registers nothing (S5).
+      reserves.push_back(pr::prout_first_path(
+          options_.lus[i], codec::prout_reserve(key_->value(), options_.type), "RESERVE"));
+    }
+  }
+  last_success_ = started;
+  if (!reserves.empty()) {
+    monitor_send(std::move(reserves), now);
+  }
+}
+
+// The key of a failed acquire, still registered where another node holds, once no PREEMPT of that
+// acquire can execute any more (see acquire_failed): unregistered there. Where it became the
+// holder after all, it keeps the reservation with the gate closed, as after a release.
+void Resource::take_back_leftover(const Reads& reads, Time now) {
+  const Key key = leftover_->key;
+  leftover_.reset();
+  std::vector<pr::Request> requests;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    if (holder && *holder != key.value() && reads.registered(i, key.value())) {
+      for (auto& request : pr::prout_every_path(
+               options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+        requests.push_back(std::move(request));
+      }
+    }
+  }
+  if (!requests.empty()) {
+    monitor_send(std::move(requests), now);
+  }
+}
+
+// Registrations of this cluster beside our reservation whose keys rank below ours: an acquire
+// that failed, or one that will fail at its verify (it reads our key above its own); a REGISTER
+// that executed late. They would let their nexuses write under our reservation, so the holder
+// preempts them (the reservation stays ours). Keys that outrank ours belong to an acquire in
+// progress that is about to take over, and foreign clusters' keys are not ours to judge: both are
+// left and shown in the status.
+//
+// When, per node: a stray is preempted at the first keys round at least one check_interval after
+// it was first seen, so that the PR OUTs of an acquire still running on its node are over; and a
+// node whose stray comes back after a preempt (it re-registers: S5 broken, or acquires that keep
+// failing) waits twice as long each time, up to 64 intervals. Two nodes' PR OUTs
+// that meet in the target, one removing the other's registration while the other re-keys,
+// reserves, preempts or unregisters through it, can deadlock LIO (docs/operations.md): the holder
+// must not run that cycle at the monitor's rate.
+void Resource::preempt_strays(const Reads& reads, Time now) {
+  const Key key = *key_;
+  std::vector<pr::Request> requests;
+  std::set<std::uint16_t> seen;
+  std::set<std::uint16_t> preempting;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    for (const std::uint64_t other : reads.others(i, key.value())) {
+      if (Key::cluster_of(other) != options_.cluster_id || outranks(other, key)) {
+        continue;
+      }
+      const auto node = Key::node_of(other);
+      seen.insert(node);
+      const auto stray =
+          strays_.try_emplace(node, Stray{.next_preempt = now + options_.check_interval}).first;
+      if (now < stray->second.next_preempt) {
+        keys_next_ = true;  // look again when it is due
+        continue;
+      }
+      preempting.insert(node);
+      requests.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other),
+                                              "PREEMPT (stray registration)"));
+    }
+  }
+  // A node that stayed away for its whole window is forgotten: its next stray starts afresh.
+  std::erase_if(strays_, [&](const auto& entry) {
+    return !seen.contains(entry.first) && now >= entry.second.next_preempt;
+  });
+  for (const std::uint16_t node : preempting) {
+    Stray& stray = strays_[node];
+    stray.preempts = std::min(stray.preempts + 1, kStrayBackoffShift);
+    stray.next_preempt = now + options_.check_interval * (1 << stray.preempts);
+  }
+  if (requests.empty()) {
+    return;
+  }
+  keys_next_ = true;  // see whether they went
+  ++counters_.strays_preempted;
+  monitor_send(std::move(requests), now);
+}
+
+// The monitor's PR OUTs decide nothing (the next round reads what they did), but an operation that
+// starts meanwhile waits for their answers (after_monitor_prouts) so that its first read comes
+// after them (S4: a failed or indeterminate PR OUT is followed by a read before the next PR OUT).
+void Resource::monitor_send(std::vector<pr::Request> requests, Time now) {
+  ++monitor_prouts_;
+  std::weak_ptr<bool> alive = alive_;
+  engine_.start(std::move(requests), now, [this, alive](const std::vector<pr::Response>&, Time at) {
+    if (alive.expired()) {
+      return;
+    }
+    if (--monitor_prouts_ == 0 && waiting_) {
+      auto step = std::move(waiting_);
+      waiting_ = nullptr;
+      step(at);
+    }
+  });
+}
+
+void Resource::after_monitor_prouts(Time now, std::function<void(Time)> step) {
+  if (monitor_prouts_ == 0) {
+    step(now);
+    return;
+  }
+  BLKFENCE_ASSERT(!waiting_);
+  waiting_ = std::move(step);
+}
+
+void Resource::fenced(std::optional<std::uint64_t> by, const std::string& lu,
+                      const std::string& why, Time now) {
+  ++counters_.fenced;
+  fenced_by_ = by;
+  set_gate(false, now);
+  // S5: from here on nothing registers our key again until an explicit acquire or unfence.
+  set_state(State::kFenced, "fenced on " + lu + ": " + why);
+  emit(EventKind::kFenced, detail_, by, lu);
+  if constexpr (mutant::kReregister) {
+    mutant_reregister(now);
+  }
+}
+
+}  // namespace blkfence::fence

@@ -1,0 +1,219 @@
+// Proves fence::Resource's monitor (docs/protocol.md, "Monitor") on the bench of
+// resource_test_bench.h: lost contact fails closed after the lease and reopens only for a
+// still-sole holder, or ends fenced when another node took over; strays are preempted one
+// check_interval after they are first seen, less and less often when they keep coming back; a
+// fenced node never registers again by itself (S5); a fence seen half before the preempt names the
+// preemptor.
+#include <gtest/gtest.h>
+
+#include "resource_test_bench.h"
+
+namespace blkfence::fence::test {
+namespace {
+
+// The holder's PREEMPTs of a stray key (one of its cluster, ranking below its own), as sent.
+std::vector<Sent> stray_preempts(const std::vector<Sent>& mine, std::uint64_t stray) {
+  std::vector<Sent> found;
+  std::copy_if(mine.begin(), mine.end(), std::back_inserter(found), [stray](const Sent& s) {
+    return (s.is(PrOutAction::kPreempt) || s.is(PrOutAction::kPreemptAndAbort)) &&
+           s.sa_key == stray;
+  });
+  return found;
+}
+
+// How many READ KEYS of LU lu are among the commands, sent before `until`.
+std::size_t keys_reads_before(const std::vector<Sent>& mine, LuId lu, Time until) {
+  return static_cast<std::size_t>(std::count_if(mine.begin(), mine.end(), [&](const Sent& s) {
+    return s.opcode == 0x5e && s.lu == lu && s.at < until &&
+           s.action == static_cast<std::uint8_t>(codec::PrInAction::kReadKeys);
+  }));
+}
+
+// Storage unreachable (no answers at all): the gate closes no later than `lease` after the last
+// successful check began, and reopens, with the same key, once a check sees it is still the sole
+// holder.
+TEST_F(ResourceTest, LostContactClosesTheGateAfterTheLeaseAndReopensForASoleHolder) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  run_for(milliseconds(230));
+  const Time cut = now();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+  }
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  const Time closed = a->recorder.gates.back().at;
+  EXPECT_LE(closed, cut + kLease);
+  EXPECT_GE(closed, cut + kLease - kCheckInterval - 2 * kLatencyMax);
+  EXPECT_EQ(closed, *a->resource->last_success() + kLease);
+  EXPECT_EQ(a->resource->state(), State::kLostContact);
+  EXPECT_EQ(a->recorder.count(EventKind::kLostContact), 1U);
+
+  run_for(kLease);  // still nothing: stays closed
+  EXPECT_FALSE(a->resource->gate_open());
+  const Time back = now();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+  }
+  ASSERT_TRUE(run_until([&] { return a->resource->gate_open(); }));
+  // A read already in flight must time out first; the next check then sees the key.
+  EXPECT_LE(now() - back, kCheckInterval + kCommandTimeout + 4 * kLatencyMax);
+  EXPECT_GE(a->recorder.gates.back().verified_since, back);
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_EQ(a->resource->key(), key);
+  EXPECT_EQ(a->recorder.count(EventKind::kContactRestored), 1U);
+}
+
+// Lost contact while another node took the LUs: when contact returns the node is fenced and its
+// gate stays closed.
+TEST_F(ResourceTest, LostContactEndsFencedWhenAnotherNodeTookOver) {
+  a->boot(a->options());
+  b->boot(b->options());
+  (void)acquired(*a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+  }
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  const Key key_b = acquired(*b);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+  }
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  run_for(kLease);
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(a->recorder.count(EventKind::kContactRestored), 0U);
+  EXPECT_EQ(a->resource->fenced_by(), key_b.value());
+}
+
+// A stray is preempted only once a keys read at least one check_interval after the first that
+// showed it still shows it, so that an acquire still running on its node has sent its PR OUTs
+// before the holder removes its registration (two nodes' PR OUTs that meet there can deadlock
+// LIO; docs/operations.md).
+TEST_F(ResourceTest, AStrayIsPreemptedOneCheckIntervalAfterItIsFirstSeen) {
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  const std::uint64_t stray = key_of(kNodeA, key_b.epoch() - 1).value();
+  const std::size_t before = sent.size();
+  register_directly(nexus_of(kNodeA, 0, 0), 0, stray);
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 1; }));
+  const auto mine = b->sent_since(before);
+  const auto preempts = stray_preempts(mine, stray);
+  ASSERT_EQ(preempts.size(), 1U);
+  ASSERT_GE(keys_reads_before(mine, 0, preempts[0].at), 2U);
+  const auto first_read = std::find_if(mine.begin(), mine.end(), [](const Sent& s) {
+    return s.opcode == 0x5e && s.lu == 0 &&
+           s.action == static_cast<std::uint8_t>(codec::PrInAction::kReadKeys);
+  });
+  EXPECT_GE(preempts[0].at - first_read->at, kCheckInterval);
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key_b.value()}));
+  EXPECT_TRUE(b->resource->gate_open());
+}
+
+// A node whose stray registration comes back each time it is preempted (it re-registers by itself,
+// breaking S5) is preempted after 2, 4, 8, ... check intervals, not at every round: the holder does
+// not drive a preempt/re-register cycle at the monitor's rate. A node that then stays away for its
+// whole window is forgotten, and its next stray is preempted one interval after it is seen.
+TEST_F(ResourceTest, AStrayThatKeepsComingBackIsPreemptedLessAndLessOften) {
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  const std::uint64_t stray = key_of(kNodeA, key_b.epoch() - 1).value();
+  const std::size_t before = sent.size();
+  const Time end = now() + 70 * kCheckInterval;
+  while (now() < end) {
+    if (keys_on(0).size() == 1) {
+      register_directly(nexus_of(kNodeA, 0, 0), 0, stray);
+    }
+    run_for(milliseconds(5));
+  }
+  const auto preempts = stray_preempts(b->sent_since(before), stray);
+  ASSERT_GE(preempts.size(), 5U);
+  EXPECT_LE(preempts.size(), 7U) << "70 intervals hold 1 + 2 + 4 + 8 + 16 + 32 and no more";
+  for (std::size_t i = 1; i < preempts.size(); ++i) {
+    const int shift = std::min<int>(static_cast<int>(i), 6);
+    EXPECT_GE(preempts[i].at - preempts[i - 1].at, kCheckInterval * (1 << shift))
+        << "gap after preempt " << i;
+  }
+  EXPECT_TRUE(b->resource->gate_open());
+
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 1; }, 70 * kCheckInterval));
+  run_for(70 * kCheckInterval);
+  const std::size_t later = sent.size();
+  const Time back = now();
+  register_directly(nexus_of(kNodeA, 0, 0), 0, stray);
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 1; }));
+  const auto mine = b->sent_since(later);
+  const auto again = stray_preempts(mine, stray);
+  ASSERT_EQ(again.size(), 1U);
+  EXPECT_LE(again[0].at - back, (b->options().keys_every + 2) * kCheckInterval);
+  EXPECT_GE(keys_reads_before(mine, 0, again[0].at), 2U) << "a fresh stray waits one interval";
+}
+
+// S5: once fenced, the node sends no PR OUT at all (and so never registers) through many monitor
+// rounds, unit attentions and lost answers included; only the next explicit acquire registers,
+// with an epoch above the one that fenced it.
+TEST_F(ResourceTest, AFencedNodeNeverRegistersUntilAskedToAcquire) {
+  a->boot(a->options());
+  b->boot(b->options());
+  (void)acquired(*a);
+  const Key key_b = acquired(*b);
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  const std::size_t before = sent.size();
+  std::uint64_t draws = 0;
+  a->faults = [&draws](const FaultContext&) {
+    Fault fault;
+    ++draws;
+    if (draws % 3 == 0) {
+      fault.unit_attention = transport::kUaRegistrationsPreempted;
+    } else if (draws % 7 == 0) {
+      fault.drop_response = true;
+    }
+    return fault;
+  };
+  run_for(20 * kCheckInterval);
+  const auto mine = a->sent_since(before);
+  EXPECT_FALSE(mine.empty()) << "the monitor keeps reading";
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  EXPECT_EQ(a->resource->state(), State::kFenced);
+  EXPECT_FALSE(a->resource->gate_open());
+
+  a->faults = nullptr;
+  const std::size_t asked = sent.size();
+  const Key key = acquired(*a);
+  EXPECT_GT(key.epoch(), key_b.epoch());
+  const auto registers = a->sent_since(asked);
+  EXPECT_TRUE(std::any_of(registers.begin(), registers.end(),
+                          [&](const Sent& s) { return s.registers() && s.sa_key == key.value(); }));
+}
+
+// A round whose READ RESERVATION ran before the preempt and whose READ KEYS ran after it sees our
+// own key as the holder and our key gone: the fence is reported as by the key registered instead.
+TEST_F(ResourceTest, AFenceSeenHalfBeforeThePreemptNamesThePreemptor) {
+  a->boot(a->options());
+  const Key key_a = acquired(*a);
+  bool armed = true;
+  bool delayed = false;
+  a->faults = [&](const FaultContext& c) {
+    Fault fault;
+    if (armed && c.lu == 0 && c.command.cdb[0] == 0x5e &&
+        (c.command.cdb[1] & 0x1fU) == static_cast<std::uint8_t>(codec::PrInAction::kReadKeys)) {
+      fault.request_delay = milliseconds(20);
+      armed = false;
+      delayed = true;
+    }
+    return fault;
+  };
+  ASSERT_TRUE(run_until([&] { return delayed; }));
+  run_for(milliseconds(2));  // the READ RESERVATION has executed, the READ KEYS has not
+  const Key key_b = key_of(kNodeB, key_a.epoch() + 1);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    register_directly(nexus_of(kNodeB, lu, 0), lu, key_b.value());
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_preempt(key_b.value(), key_a.value(), kWeRo));
+  }
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  EXPECT_EQ(a->resource->fenced_by(), key_b.value());
+  EXPECT_EQ(a->recorder.last(EventKind::kFenced)->second.other_key, key_b.value());
+  a->faults = nullptr;
+}
+
+}  // namespace
+}  // namespace blkfence::fence::test

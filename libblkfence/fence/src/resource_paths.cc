@@ -1,0 +1,164 @@
+// Path hot-plug of a resource: new paths registered with the current key (docs/protocol.md,
+// "Paths"; fence layer). See resource.h.
+#include <algorithm>
+#include <set>
+
+#include "blkfence/assert.h"
+#include "blkfence/codec/prin.h"
+#include "blkfence/codec/prout.h"
+#include "blkfence/fence/resource.h"
+#include "blkfence/pr/client.h"
+
+#include "resource_reads.h"
+
+namespace blkfence::fence {
+
+// --- path hot-plug -------------------------------------------------------------------------------
+
+bool Resource::holding() const {
+  return key_ && ((state_ == State::kHeld && gate_open_) || state_ == State::kUnfenced);
+}
+
+// What reads showed: key registered on every LU, and the holder everywhere in exclusive mode.
+bool Resource::key_current(const Reads& reads, Key key) const {
+  bool current = reads.ok();
+  for (std::size_t i = 0; current && i < reads.lus.size(); ++i) {
+    current = reads.registered(i, key.value()) &&
+              (options_.mode == Mode::kShared || reads.holder(i) == key.value());
+  }
+  return current;
+}
+
+void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time now) {
+  BLKFENCE_ASSERT(lu < options_.lus.size());
+  if (paths.empty()) {
+    return;
+  }
+  std::vector<pr::Path>& current = options_.lus[lu].paths;
+  const auto known = [](const std::vector<pr::Path>& list, const pr::Path& path) {
+    return std::any_of(list.begin(), list.end(),
+                       [&](const pr::Path& p) { return p.hctl == path.hctl; });
+  };
+  std::string added;
+  std::string removed;
+  for (const pr::Path& path : paths) {
+    if (!known(current, path)) {
+      added += (added.empty() ? "" : ", ") + pr::command_device(path) + " (" + path.hctl + ")";
+      new_paths_.emplace_back(lu, path);
+    }
+  }
+  for (const pr::Path& path : current) {
+    if (!known(paths, path)) {
+      removed += (removed.empty() ? "" : ", ") + pr::command_device(path) + " (" + path.hctl + ")";
+    }
+  }
+  // A path that went away is not waiting for a registration any more.
+  std::erase_if(new_paths_, [&](const auto& pending) {
+    return pending.first == lu && !known(paths, pending.second);
+  });
+  if (added.empty() && removed.empty()) {
+    return;
+  }
+  current = std::move(paths);
+  std::string detail = options_.lus[lu].name + ":";
+  if (!added.empty()) {
+    detail += " new path " + added;
+  }
+  if (!removed.empty()) {
+    detail += std::string(added.empty() ? "" : ";") + " path gone " + removed;
+  }
+  if (!added.empty() && !holding()) {
+    // S5: a path that appears (or comes back) while our key is not the current one stays
+    // unregistered; the next acquire or unfence registers every path.
+    std::erase_if(new_paths_, [lu](const auto& pending) { return pending.first == lu; });
+    detail += "; not registered: this node does not hold the resource";
+  }
+  emit(EventKind::kPathsChanged, detail, std::nullopt, options_.lus[lu].name);
+  if (op_ == Op::kNone && !new_paths_.empty()) {
+    register_new_paths(now);
+  }
+}
+
+// Registers the new paths with the current key: read first (the key must still be current: a key
+// preempted meanwhile is never registered again, S5), then REGISTER AND IGNORE EXISTING KEY on each
+// new path, then read again. No atomic "register only while key K is registered" exists in SPC-4,
+// so a preempt can land between the read and the REGISTER; the read afterwards catches it, and the
+// new registrations are then taken back (and the holder's monitor would preempt them too: they rank
+// below its key).
+void Resource::register_new_paths(Time now) {
+  if (!holding()) {
+    new_paths_.clear();
+    return;
+  }
+  begin(Op::kPaths, nullptr);
+  const Key key = *key_;
+  std::vector<std::pair<std::size_t, pr::Path>> paths = std::move(new_paths_);
+  new_paths_.clear();
+  after_monitor_prouts(now, [this, key, paths = std::move(paths)](Time from) mutable {
+    read_all(true, from,
+             [this, key, paths = std::move(paths)](const Reads& reads, Time at) mutable {
+               if (!key_current(reads, key)) {
+                 // The monitor's next round, now, decides what happened to the key.
+                 next_check_ = at;
+                 keys_next_ = true;
+                 end(fail(ErrorCode::kLost, "new paths not registered: " + key.to_string() +
+                                                " is not verified as current"),
+                     at);
+                 return;
+               }
+               std::vector<pr::Request> requests;
+               for (const auto& [lu, path] : paths) {
+                 const pr::LogicalUnit one{
+                     .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
+                 for (auto& request :
+                      pr::prout_every_path(one, codec::prout_register_and_ignore(key.value()),
+                                           "REGISTER AND IGNORE EXISTING KEY (new path)")) {
+                   requests.push_back(std::move(request));
+                 }
+               }
+               run(std::move(requests), at,
+                   [this, key, paths = std::move(paths)](const std::vector<pr::Response>&,
+                                                         Time done_at) mutable {
+                     new_paths_registered(key, std::move(paths), done_at);  // the read decides
+                   });
+             });
+  });
+}
+
+void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
+                                    Time now) {
+  read_all(true, now, [this, key, paths = std::move(paths)](const Reads& reads, Time at) {
+    const bool current = key_current(reads, key);
+    std::string names;
+    for (const auto& [lu, path] : paths) {
+      names += (names.empty() ? "" : ", ") + pr::command_device(path);
+    }
+    if (current) {
+      emit(EventKind::kPathsChanged, "registered " + key.to_string() + " on " + names);
+      end(key, at);
+      return;
+    }
+    // Preempted between our read and the REGISTER: the new paths now carry a key that is no
+    // longer current. Take them back; the monitor's next round, now, declares the fence.
+    std::vector<pr::Request> requests;
+    for (const auto& [lu, path] : paths) {
+      const pr::LogicalUnit one{
+          .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
+      for (auto& request : pr::prout_every_path(one, codec::prout_register(key.value(), 0),
+                                                "REGISTER (unregister new path)")) {
+        requests.push_back(std::move(request));
+      }
+    }
+    next_check_ = at;
+    keys_next_ = true;
+    run(std::move(requests), at,
+        [this, key, names](const std::vector<pr::Response>&, Time done_at) {
+          end(fail(ErrorCode::kLost, "the key " + key.to_string() +
+                                         " was not current after registering " + names +
+                                         "; taken back there"),
+              done_at);
+        });
+  });
+}
+
+}  // namespace blkfence::fence

@@ -1,0 +1,130 @@
+// Proves fence::Resource's path hot-plug (docs/protocol.md, "Paths") on the bench of
+// resource_test_bench.h: a new path of a held LU is registered with the current key, never after
+// a fence (S5), and taken back when a preempt landed just before it; a release asked for meanwhile
+// waits for the registration instead of failing.
+#include <gtest/gtest.h>
+
+#include "resource_test_bench.h"
+
+namespace blkfence::fence::test {
+namespace {
+
+// Path hot-plug: a new path of a LU this node holds is registered with the current key, after a
+// read, and the key stays the verified holder; a path that went away is dropped from the LU.
+TEST_F(ResourceTest, ANewPathOfAHeldLuIsRegisteredWithTheCurrentKey) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  const std::string device = "/dev/sg-n1-0-new";
+  const NexusId nexus = nexus_of(kNodeA, 0, 5);
+  target.add_path(device, 0, nexus);
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.erase(paths.begin());  // the first path went away
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  const std::size_t before = sent.size();
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  const auto mine = a->sent_since(before);
+  const auto registrations = std::count_if(mine.begin(), mine.end(), [&](const Sent& s) {
+    return s.registers() && s.sa_key == key.value();
+  });
+  EXPECT_EQ(registrations, 1);
+  const auto first_register =
+      std::find_if(mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); });
+  ASSERT_NE(first_register, mine.end());
+  EXPECT_EQ(first_register->nexus, nexus);
+  EXPECT_TRUE(std::any_of(mine.begin(), first_register, [](const Sent& s) {
+    return s.opcode == 0x5e;
+  })) << "read before registering";
+  // Two of A's nexuses were registered before; the new one adds a third registration.
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}));
+  EXPECT_EQ(a->resource->options().lus[0].paths.size(), 2U);
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_GE(a->recorder.count(EventKind::kPathsChanged), 2U);  // the change, then the registration
+}
+
+// S5 for paths: after a fence, a new path (or one that comes back) is not registered; not one
+// PR OUT is sent.
+TEST_F(ResourceTest, ANewPathAfterAFenceIsNotRegistered) {
+  a->boot(a->options());
+  b->boot(b->options());
+  acquired(*a);
+  const Key key_b = acquired(*b);
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  const std::string device = "/dev/sg-n1-0-new";
+  target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  const std::size_t before = sent.size();
+  a->resource->update_paths(0, paths, now());
+  run_for(kCheckInterval * 5);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key_b.value()}));
+  EXPECT_EQ(a->resource->options().lus[0].paths.size(), 3U);
+  const auto changed = a->recorder.last(EventKind::kPathsChanged);
+  ASSERT_TRUE(changed.has_value());
+  EXPECT_NE(changed->second.detail.find("not registered"), std::string::npos)
+      << changed->second.detail;
+}
+
+// Preempted between the read and the REGISTER of a new path: the read afterwards sees it, the new
+// path's registration is taken back, and the monitor declares the fence at once.
+TEST_F(ResourceTest, ANewPathRegisteredJustAfterAPreemptIsTakenBack) {
+  a->boot(a->options());
+  const Key key_a = acquired(*a);
+  const std::string device = "/dev/sg-n1-0-new";
+  const NexusId nexus = nexus_of(kNodeA, 0, 5);
+  target.add_path(device, 0, nexus);
+  // B preempts A the moment A's REGISTER of the new path is on the wire.
+  bool preempted = false;
+  a->faults = [&](const FaultContext& c) {
+    if (c.nexus == nexus && c.command.cdb[0] == 0x5f && !preempted) {
+      preempted = true;
+      const Key key_b = key_of(kNodeB, key_a.epoch() + 1);
+      for (std::size_t lu = 0; lu < kLus; ++lu) {
+        register_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu), key_b.value());
+        prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                       codec::prout_preempt(key_b.value(), key_a.value(), kWeRo));
+      }
+    }
+    return Fault{};
+  };
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  ASSERT_TRUE(preempted);
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  EXPECT_FALSE(a->resource->gate_open());
+  const auto keys = keys_on(0);
+  EXPECT_TRUE(std::none_of(keys.begin(), keys.end(), [&](std::uint64_t k) {
+    return k == key_a.value();
+  })) << "the new path's registration was taken back";
+  a->faults = nullptr;
+}
+
+// A release asked for while a new path is being registered closes the gate at once and is done
+// right after the registration, instead of failing as busy (Patroni's on_stop must not fail).
+TEST_F(ResourceTest, AReleaseDuringANewPathRegistrationWaitsForItInsteadOfFailing) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  const std::string device = "/dev/sg-n1-0-new";
+  target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(a->resource->busy()) << "the registration runs";
+  Outcome* released = a->release();
+  EXPECT_FALSE(a->resource->gate_open()) << "closed at once";
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  ASSERT_TRUE(released->result->has_value()) << released->result->error().message();
+  EXPECT_EQ(**released->result, key);
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}))
+      << "the new path was registered first";
+}
+
+}  // namespace
+}  // namespace blkfence::fence::test

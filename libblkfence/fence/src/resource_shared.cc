@@ -1,0 +1,168 @@
+// Shared mode of a resource: unfence, fence another node, release (docs/protocol.md, "Shared
+// mode"; fence layer). See resource.h.
+#include <algorithm>
+#include <set>
+
+#include "blkfence/assert.h"
+#include "blkfence/codec/prin.h"
+#include "blkfence/codec/prout.h"
+#include "blkfence/fence/resource.h"
+#include "blkfence/pr/client.h"
+
+#include "resource_reads.h"
+
+namespace blkfence::fence {
+
+void Resource::unfence(Time now, Done done) {
+  if (refuse(Mode::kShared, now, done)) {
+    return;
+  }
+  if (state_ == State::kUnfenced && gate_open_) {
+    done(*key_, now);
+    return;
+  }
+  begin(Op::kUnfence, std::move(done));
+  new_paths_.clear();          // every path is registered
+  const Key key = key_for(0);  // docs/protocol.md, "Shared mode": members register with epoch 0
+  key_ = key;
+  fenced_by_.reset();
+  set_state(State::kUnfencing, "registering " + key.to_string());
+  std::vector<pr::Request> requests;
+  for (const auto& lu : options_.lus) {
+    for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
+                                              "REGISTER AND IGNORE EXISTING KEY")) {
+      requests.push_back(std::move(request));
+    }
+  }
+  after_monitor_prouts(now, [this, key, requests = std::move(requests)](Time from) mutable {
+    run(std::move(requests), from,
+        [this, key](const std::vector<pr::Response>& responses, Time at) {
+          if (const std::string error = first_error(responses); !error.empty()) {
+            set_state(State::kReleased, "unfence failed: " + error);
+            end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error), at);
+            return;
+          }
+          unfence_reserve(key, at);
+        });
+  });
+}
+
+void Resource::unfence_reserve(Key key, Time now) {
+  read_all(false, now, [this, key](Reads reads, Time at) {
+    std::vector<pr::Request> reserves;
+    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+      if (reads.lus[i].error.empty() && !reads.holder(i) &&
+          !reads.lus[i].reservation->reservation) {
+        reserves.push_back(pr::prout_first_path(
+            options_.lus[i], codec::prout_reserve(key.value(), options_.type), "RESERVE"));
+      }
+    }
+    if (reserves.empty()) {
+      unfence_verify(key, at);
+      return;
+    }
+    // A conflict means another member reserved first, which is as good.
+    run(std::move(reserves), at, [this, key](const std::vector<pr::Response>&, Time done_at) {
+      unfence_verify(key, done_at);
+    });
+  });
+}
+
+void Resource::unfence_verify(Key key, Time now) {
+  read_all(true, now, [this, key](Reads reads, Time at) {
+    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+      std::string problem;
+      if (!reads.lus[i].error.empty()) {
+        problem = reads.lus[i].error;
+      } else if (!reads.registered(i, key.value())) {
+        problem = "our key is not registered";
+      } else if (!reads.lus[i].reservation->reservation) {
+        problem = "no reservation protects it";
+      }
+      if (!problem.empty()) {
+        set_state(State::kReleased, "unfence failed: " + options_.lus[i].name + ": " + problem);
+        end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + detail_), at);
+        return;
+      }
+    }
+    set_state(State::kUnfenced, "unfenced with " + key.to_string());
+    last_success_ = reads.started;
+    set_gate(true, reads.started);
+    emit(EventKind::kUnfenced, detail_);
+    end(key, at);
+  });
+}
+
+void Resource::fence_node(std::uint16_t node_id, Time now, Done done) {
+  if (refuse(Mode::kShared, now, done)) {
+    return;
+  }
+  if (node_id == options_.node_id) {
+    done(fail(ErrorCode::kInvalidArgument, "a node cannot fence itself; use release"), now);
+    return;
+  }
+  if (state_ != State::kUnfenced || !key_) {
+    done(fail(ErrorCode::kInvalidArgument,
+              "resource " + options_.name + ": this node must be unfenced to fence another"),
+         now);
+    return;
+  }
+  begin(Op::kFence, std::move(done));
+  after_monitor_prouts(now, [this, node_id](Time from) {
+    read_all(true, from, [this, node_id](const Reads& reads, Time at) {
+      if (!reads.ok()) {
+        end(fail(ErrorCode::kIndeterminate, "fence of node " + std::to_string(node_id) +
+                                                ": cannot read " + reads.errors(options_.lus)),
+            at);
+        return;
+      }
+      fence_preempt(node_id, reads, at);
+    });
+  });
+}
+
+void Resource::fence_preempt(std::uint16_t victim, const Reads& reads, Time now) {
+  const Key key = *key_;
+  const auto victims_of = [&](const Reads& r, std::size_t i) {
+    std::vector<std::uint64_t> found;
+    for (const std::uint64_t k : r.others(i, key.value())) {
+      if (Key::cluster_of(k) == options_.cluster_id && Key::node_of(k) == victim) {
+        found.push_back(k);
+      }
+    }
+    return found;
+  };
+  std::vector<pr::Request> requests;
+  std::optional<std::uint64_t> victim_key;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    for (const std::uint64_t k : victims_of(reads, i)) {
+      victim_key = k;
+      requests.push_back(
+          pr::prout_first_path(options_.lus[i], take_command(key, k),
+                               options_.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT"));
+    }
+  }
+  if (requests.empty()) {
+    end(key, now);  // nothing of that node is registered: already fenced
+    return;
+  }
+  run(std::move(requests), now,
+      [this, key, victim, victim_key, victims_of](const std::vector<pr::Response>&, Time at) {
+        read_all(true, at, [this, key, victim, victim_key, victims_of](Reads check, Time done_at) {
+          for (std::size_t i = 0; i < check.lus.size(); ++i) {
+            if (!check.lus[i].error.empty() || !victims_of(check, i).empty()) {
+              end(fail(ErrorCode::kIndeterminate,
+                       "fence of node " + std::to_string(victim) + " on " + options_.lus[i].name +
+                           ": its key is still registered or unreadable" +
+                           (check.lus[i].error.empty() ? "" : " (" + check.lus[i].error + ")")),
+                  done_at);
+              return;
+            }
+          }
+          emit(EventKind::kFencedNode, "fenced node " + std::to_string(victim), victim_key);
+          end(key, done_at);
+        });
+      });
+}
+
+}  // namespace blkfence::fence
