@@ -28,6 +28,8 @@
 #include "blkfence/control/text.h"
 #include "blkfence/unique_fd.h"
 
+#include "toml_guard.h"
+
 namespace blkfence::daemon {
 namespace {
 
@@ -62,17 +64,35 @@ constexpr milliseconds kCommandTimeoutMin{100};
 constexpr milliseconds kCommandTimeoutMax{600'000};
 constexpr int kKeysEveryMax = 1000;
 
-struct Named {
+// One value of an enum-like key, as the file spells it.
+template <class T>
+struct Choice {
   std::string_view name;
-  codec::PrType type;
+  T value;
 };
-constexpr std::array<Named, 6> kPrTypes{{
+
+constexpr std::array<Choice<codec::PrType>, 6> kPrTypes{{
     {"write-exclusive", codec::PrType::kWriteExclusive},
     {"exclusive-access", codec::PrType::kExclusiveAccess},
     {"write-exclusive-registrants-only", codec::PrType::kWriteExclusiveRegistrantsOnly},
     {"exclusive-access-registrants-only", codec::PrType::kExclusiveAccessRegistrantsOnly},
     {"write-exclusive-all-registrants", codec::PrType::kWriteExclusiveAllRegistrants},
     {"exclusive-access-all-registrants", codec::PrType::kExclusiveAccessAllRegistrants},
+}};
+
+constexpr std::array<Choice<Mode>, 2> kModes{{
+    {"exclusive", Mode::kExclusive},
+    {"shared", Mode::kShared},
+}};
+// preempt: whether a takeover uses PREEMPT AND ABORT.
+constexpr std::array<Choice<bool>, 2> kPreempts{{
+    {"preempt", false},
+    {"preempt-and-abort", true},
+}};
+constexpr std::array<Choice<std::string_view>, 3> kTransports{{
+    {"auto", "auto"},
+    {"uring", "uring"},
+    {"sgio", "sgio"},
 }};
 
 constexpr std::array<std::string_view, 11> kUnitSuffixes{
@@ -274,6 +294,29 @@ Check<std::optional<std::string>> optional_string(const TableReader& reader, std
     return std::optional<std::string>();
   }
   return std::optional<std::string>((*node)->as_string()->get());
+}
+
+// An enum-like key: a string that must be one of choices. Sets value when the key is present and
+// yields its node (nullptr when absent, value untouched); the message lists every choice.
+template <class T, std::size_t N>
+Check<const toml::node*> read_choice(const TableReader& reader, std::string_view key,
+                                     const std::array<Choice<T>, N>& choices, T& value) {
+  std::string expected;
+  for (std::size_t i = 0; i < N; ++i) {
+    expected += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + toml_quote(choices[i].name);
+  }
+  auto node = typed(reader, key, toml::node_type::string, expected);
+  if (!node || *node == nullptr) {
+    return node;
+  }
+  const std::string& text = (*node)->as_string()->get();
+  const auto* found = std::find_if(choices.begin(), choices.end(),
+                                   [&](const Choice<T>& choice) { return choice.name == text; });
+  if (found == choices.end()) {
+    return Problem(reader.at(**node, key, "expected " + expected + ", got " + describe(**node)));
+  }
+  value = found->value;
+  return node;
 }
 
 bool has_control_character(std::string_view text) {
@@ -597,36 +640,15 @@ Check<ResourceConfig> read_resource(std::string_view source, const toml::table& 
   }
   resource.devices = std::move(*devices);
 
-  auto mode = optional_string(reader, "mode", "\"exclusive\" or \"shared\"");
-  if (!mode) {
+  if (auto mode = read_choice(reader, "mode", kModes, resource.mode); !mode) {
     return Problem(std::move(mode.error()));
   }
-  if (*mode) {
-    if (**mode != "exclusive" && **mode != "shared") {
-      return Problem(
-          reader.at(*reader.find("mode"), "mode",
-                    "expected \"exclusive\" or \"shared\", got " + describe(*reader.find("mode"))));
-    }
-    resource.mode = **mode == "exclusive" ? Mode::kExclusive : Mode::kShared;
-  }
 
-  constexpr std::string_view kTypeExpected =
-      "\"write-exclusive\", \"exclusive-access\", \"write-exclusive-registrants-only\", "
-      "\"exclusive-access-registrants-only\", \"write-exclusive-all-registrants\" or "
-      "\"exclusive-access-all-registrants\"";
-  auto type = optional_string(reader, "type", kTypeExpected);
+  auto type = read_choice(reader, "type", kPrTypes, resource.type);
   if (!type) {
     return Problem(std::move(type.error()));
   }
-  if (*type) {
-    const auto* found = std::find_if(kPrTypes.begin(), kPrTypes.end(),
-                                     [&](const Named& named) { return named.name == **type; });
-    if (found == kPrTypes.end()) {
-      return Problem(reader.at(
-          *reader.find("type"), "type",
-          "expected " + std::string(kTypeExpected) + ", got " + describe(*reader.find("type"))));
-    }
-    resource.type = found->type;
+  if (*type != nullptr) {
     // SPC-4 5.13.10: under an all-registrants type READ RESERVATION reports key 0 as the holder,
     // so "our key holds" (docs/protocol.md, S2) could never be verified.
     if (resource.mode == Mode::kExclusive && codec::is_all_registrants(resource.type)) {
@@ -637,17 +659,8 @@ Check<ResourceConfig> read_resource(std::string_view source, const toml::table& 
     }
   }
 
-  auto preempt = optional_string(reader, "preempt", "\"preempt\" or \"preempt-and-abort\"");
-  if (!preempt) {
+  if (auto preempt = read_choice(reader, "preempt", kPreempts, resource.preempt_abort); !preempt) {
     return Problem(std::move(preempt.error()));
-  }
-  if (*preempt) {
-    if (**preempt != "preempt" && **preempt != "preempt-and-abort") {
-      return Problem(reader.at(*reader.find("preempt"), "preempt",
-                               "expected \"preempt\" or \"preempt-and-abort\", got " +
-                                   describe(*reader.find("preempt"))));
-    }
-    resource.preempt_abort = **preempt == "preempt-and-abort";
   }
 
   const auto interval = read_duration(reader, "check_interval", resource.check_interval,
@@ -857,19 +870,11 @@ Check<Config> read_config(std::string_view source, const toml::table& root) {
                               " bytes (sockaddr_un)"));
   }
 
-  constexpr std::string_view kTransportExpected = "\"auto\", \"uring\" or \"sgio\"";
-  auto transport = optional_string(top, "transport", kTransportExpected);
-  if (!transport) {
-    return Problem(std::move(transport.error()));
+  std::string_view transport = config.transport;
+  if (auto set = read_choice(top, "transport", kTransports, transport); !set) {
+    return Problem(std::move(set.error()));
   }
-  if (*transport) {
-    if (**transport != "auto" && **transport != "uring" && **transport != "sgio") {
-      return Problem(top.at(*top.find("transport"), "transport",
-                            "expected " + std::string(kTransportExpected) + ", got " +
-                                describe(*top.find("transport"))));
-    }
-    config.transport = std::move(**transport);
-  }
+  config.transport = std::string(transport);
 
   auto resources = read_resources(source, top);
   if (!resources) {
@@ -878,218 +883,6 @@ Check<Config> read_config(std::string_view source, const toml::table& root) {
   config.resources = std::move(*resources);
   return config;
 }
-
-// toml++ (3.3 and later, marzer/tomlplusplus#190 and #295) reaches __builtin_unreachable(), that
-// is undefined behaviour, when it asks whether certain non-ASCII code points (U+00A1..U+0499,
-// U+2C7E..U+3077, U+FB86..U+FEFE) are whitespace. It asks for characters outside strings and
-// comments, inside quoted keys and table headers, and after a backslash in a multi-line basic
-// string; everywhere else (string values, comments) non-ASCII text is safe. None of those places
-// can hold non-ASCII text in a valid blkfence.toml, so this scan finds the first such byte, and
-// parse_config() refuses the text before toml++ sees it. The scan follows TOML 1.0's comments and
-// four string forms; where the text is not TOML, toml++ stops at the same place or earlier.
-// config_fuzz.cc checks under UBSan that nothing gets through.
-class UnsafeTextScan {
- public:
-  explicit UnsafeTextScan(std::string_view text) : text_(text) {}
-
-  // The message for the first unsafe byte, with its position, or nullopt.
-  std::optional<std::string> run(std::string_view source) {
-    if (text_.starts_with("\xef\xbb\xbf")) {
-      i_ = 3;  // a byte order mark, which toml++ skips
-    }
-    while (i_ < text_.size()) {
-      const char c = text_[i_];
-      if (is_non_ascii(c)) {
-        return problem(source, kOutside);
-      }
-      const bool in_key = key_ || header_;
-      if (c == '#') {
-        skip_comment();
-        continue;
-      }
-      if ((c == '"' || c == '\'') && token_start_) {
-        if (auto found = skip_string(source, in_key)) {
-          return found;
-        }
-        token_start_ = false;
-        continue;
-      }
-      if (!in_key && !token_start_ && !is_terminator(c)) {
-        // toml++ reads a bare value (a number, a date, true) up to a value terminator and asks
-        // of every character whether it is one, quotes included.
-        while (i_ < text_.size() && !is_terminator(text_[i_])) {
-          if (is_non_ascii(text_[i_])) {
-            return problem(source, kOutside);
-          }
-          ++i_;
-        }
-        continue;
-      }
-      step(c, in_key);
-      ++i_;
-    }
-    return std::nullopt;
-  }
-
- private:
-  static constexpr std::string_view kOutside =
-      "a non-ASCII character outside a string value or comment (keys and bare values are ASCII)";
-
-  static bool is_non_ascii(char c) { return (static_cast<unsigned char>(c) & 0x80U) != 0; }
-  // toml++'s is_value_terminator() for ASCII: whitespace (\n to \r are vertical), ",]}#".
-  static bool is_terminator(char c) {
-    return c == ' ' || c == '\t' || (c >= '\n' && c <= '\r') || c == ',' || c == ']' || c == '}' ||
-           c == '#';
-  }
-
-  // One ASCII byte outside strings and comments: where keys, values, arrays and tables begin.
-  void step(char c, bool in_key) {
-    const bool was_token_start = token_start_;
-    token_start_ = false;
-    switch (c) {
-      case '\n':
-        if (stack_.empty()) {
-          key_ = true;
-          header_ = false;
-        }
-        token_start_ = true;
-        break;
-      case ' ':
-      case '\t':
-      case '\r': token_start_ = true; break;
-      case '.': token_start_ = in_key; break;  // a dotted key; in a value, part of a number
-      case '=':
-        if (key_ && !header_) {
-          key_ = false;
-          token_start_ = true;
-        }
-        break;
-      case '[':
-        if (stack_.empty() && key_ && !header_ && was_token_start) {
-          header_ = true;
-          token_start_ = true;
-        } else if (header_) {
-          token_start_ = true;  // "[["
-        } else if (!in_key && was_token_start) {
-          stack_.push_back('[');
-          token_start_ = true;
-        }
-        break;
-      case ']':
-        if (!header_ && !stack_.empty() && stack_.back() == '[') {
-          stack_.pop_back();
-        }
-        break;
-      case '{':
-        if (!in_key && was_token_start) {
-          stack_.push_back('{');
-          key_ = true;
-          token_start_ = true;
-        }
-        break;
-      case '}':
-        if (!header_ && !stack_.empty() && stack_.back() == '{') {
-          stack_.pop_back();
-          key_ = false;
-        }
-        break;
-      case ',':
-        if (!stack_.empty() && stack_.back() == '{') {
-          key_ = true;
-        }
-        token_start_ = true;
-        break;
-      default: break;
-    }
-  }
-
-  char at(std::size_t i) const { return i < text_.size() ? text_[i] : '\0'; }
-
-  std::string problem(std::string_view source, std::string_view what) const {
-    const std::size_t line_start = text_.rfind('\n', i_ == 0 ? 0 : i_ - 1);
-    const std::size_t from = line_start == std::string_view::npos || i_ == 0 ? 0 : line_start + 1;
-    const auto line =
-        1 + std::count(text_.begin(), text_.begin() + static_cast<std::ptrdiff_t>(from), '\n');
-    // Columns count code points, as toml++'s do: every byte but UTF-8 continuation bytes.
-    const auto column =
-        1 + std::count_if(text_.begin() + static_cast<std::ptrdiff_t>(from),
-                          text_.begin() + static_cast<std::ptrdiff_t>(i_),
-                          [](char c) { return (static_cast<unsigned char>(c) & 0xc0U) != 0x80U; });
-    return std::string(source) + ":" + std::to_string(line) + ":" + std::to_string(column) + ": " +
-           std::string(what);
-  }
-
-  void skip_comment() {
-    while (i_ < text_.size() && text_[i_] != '\n') {
-      ++i_;
-    }
-  }
-
-  // From the opening quote to after the closing one (or to the end of a single-line string's
-  // line, or of the text, where toml++ reports the error).
-  std::optional<std::string> skip_string(std::string_view source, bool in_key) {
-    const char quote = text_[i_];
-    const bool basic = quote == '"';
-    const bool multi_line = at(i_ + 1) == quote && at(i_ + 2) == quote;
-    i_ += multi_line ? 3 : 1;
-    while (i_ < text_.size()) {
-      const char c = text_[i_];
-      if (is_non_ascii(c) && in_key) {
-        return problem(source, "a non-ASCII character in a key (keys are ASCII)");
-      }
-      if (!multi_line && c == '\n') {
-        return std::nullopt;
-      }
-      if (c == quote && !multi_line) {
-        ++i_;
-        return std::nullopt;
-      }
-      if (c == quote && at(i_ + 1) == quote && at(i_ + 2) == quote) {
-        i_ += 3;
-        // TOML 1.0: one or two quotes right before the delimiter belong to the string.
-        for (int extra = 0; extra < 2 && at(i_) == quote; ++extra) {
-          ++i_;
-        }
-        return std::nullopt;
-      }
-      if (basic && c == '\\') {
-        ++i_;
-        if (multi_line && i_ < text_.size()) {
-          // A line-ending backslash: toml++ classifies the first character after the whitespace
-          // and line breaks it trims; an escape: it classifies the escaped character.
-          const bool trims =
-              text_[i_] == ' ' || text_[i_] == '\t' || text_[i_] == '\r' || text_[i_] == '\n';
-          while (
-              trims && i_ < text_.size() &&
-              (text_[i_] == ' ' || text_[i_] == '\t' || text_[i_] == '\r' || text_[i_] == '\n')) {
-            ++i_;
-          }
-          if (i_ < text_.size() && is_non_ascii(text_[i_])) {
-            return problem(source,
-                           "a non-ASCII character right after a backslash in a multi-line "
-                           "string (toml++ cannot parse it there; write it as \\uXXXX)");
-          }
-          if (trims) {
-            continue;
-          }
-        }
-        if (i_ < text_.size() && text_[i_] != '\n') {
-          ++i_;  // the escaped character, a quote or a backslash included
-        }
-        continue;
-      }
-      ++i_;
-    }
-    return std::nullopt;
-  }
-
-  std::string_view text_;
-  std::size_t i_ = 0;
-  std::vector<char> stack_;  // '[' arrays and '{' inline tables open in a value
-  bool key_ = true;          // the next string would be (part of) a key
-  bool header_ = false;      // inside a [table] or [[array]] header
-  bool token_start_ = true;  // after a separator: a quote here opens a string
-};
 
 void append_key(std::string& out, std::string_view key, std::string_view value) {
   out += key;
@@ -1130,14 +923,15 @@ std::string_view to_string(OnFencedAction action) {
 }
 
 std::string_view pr_type_name(codec::PrType type) {
-  const auto* found = std::find_if(kPrTypes.begin(), kPrTypes.end(),
-                                   [&](const Named& named) { return named.type == type; });
+  const auto* found =
+      std::find_if(kPrTypes.begin(), kPrTypes.end(),
+                   [&](const Choice<codec::PrType>& named) { return named.value == type; });
   return found == kPrTypes.end() ? "unknown" : found->name;
 }
 
 Result<Config> parse_config(std::string_view text, std::string_view source_name) {
   const std::string source(source_name);
-  if (auto unsafe = UnsafeTextScan(text).run(source)) {
+  if (auto unsafe = find_unsafe_toml_text(text, source)) {
     return fail(ErrorCode::kInvalidArgument, std::move(*unsafe));
   }
   toml::parse_result parsed = toml::parse(text, std::string_view(source));
