@@ -184,16 +184,26 @@ class Resource {
   struct Reads;
   using ReadsDone = std::function<void(Reads, Time)>;
 
+  // resource.cc: what every operation shares, and the start.
   void run(std::vector<pr::Request> requests, Time now,
            std::function<void(std::vector<pr::Response>, Time)> then);
   void read_all(bool with_keys, Time now, ReadsDone then);
   bool refuse(Mode mode, Time now, Done& done);
   void begin(Op op, Done done);
   void end(Result<Key> result, Time now);
-
+  bool queue_behind_paths(std::function<void(Time)> op);
+  void set_gate(bool open, Time verified_since);
+  void set_state(State state, std::string detail);
+  void emit(EventKind kind, std::string detail, std::optional<std::uint64_t> other = {},
+            std::string device = {});
+  Key key_for(std::uint32_t epoch) const;
+  bool ours(std::uint64_t key) const;
+  bool outranks(std::uint64_t other, Key key) const;
   void probe_read(const Reads& reads, Time now);
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
   std::string not_held(const Reads& reads, std::uint32_t stored) const;
+
+  // resource_acquire.cc: acquire and release (exclusive).
   void acquire_draw(Reads reads, int round, Time at);
   void acquire_register(Key key, Reads reads, int round, Time now);
   void acquire_take(Key key, Reads reads, int round, Time now);
@@ -205,40 +215,37 @@ class Resource {
   void note_uncertain(const std::vector<pr::Response>& responses,
                       const std::vector<std::size_t>& lu_of);
   Time late_execution_horizon() const;
-  void take_back_leftover(const Reads& reads, Time now);
-  void release_shared(Key key, Time now);
   codec::PrOutCommand take_command(Key key, std::uint64_t victim) const;
-  void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
-              Time now);
+
+  // resource_shared.cc: shared mode.
+  void release_shared(Key key, Time now);
   void unfence_reserve(Key key, Time now);
   void unfence_verify(Key key, Time now);
   void fence_preempt(std::uint16_t victim, const Reads& reads, Time now);
 
+  // resource_paths.cc: path hot-plug.
   bool holding() const;
-  bool queue_behind_paths(std::function<void(Time)> op);
   bool key_current(const Reads& reads, Key key) const;
   void register_new_paths(Time now);
   void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths, Time now);
 
+  // resource_monitor.cc: the checks, the lease, strays and leftovers, the fence.
   void check(Time now);
   void check_done(const Reads& reads, Time started, Time now);
   void count_check(Time started, Time now);
   void check_held(const Reads& reads, bool has_keys, Time started, Time now);
   void reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started);
   void check_unfenced(const Reads& reads, bool has_keys, Time started, Time now);
+  void take_back_leftover(const Reads& reads, Time now);
   void preempt_strays(const Reads& reads, Time now);
   void monitor_send(std::vector<pr::Request> requests, Time now);
   // Runs step once no PR OUT the monitor sent is in flight (at once when none is).
   void after_monitor_prouts(Time now, std::function<void(Time)> step);
-  void set_gate(bool open, Time verified_since);
-  void set_state(State state, std::string detail);
-  void emit(EventKind kind, std::string detail, std::optional<std::uint64_t> other = {},
-            std::string device = {});
-  Key key_for(std::uint32_t epoch) const;
-  bool ours(std::uint64_t key) const;
-  bool outranks(std::uint64_t other, Key key) const;
-  // A deliberate protocol bug for the tests to catch (fence/src/mutants.h); the product never
-  // calls it.
+  void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
+              Time now);
+
+  // resource_mutants.cc: a deliberate protocol bug for the tests to catch (fence/src/mutants.h);
+  // the product never calls it.
   void mutant_reregister(Time now);
 
   ResourceOptions options_;
