@@ -25,6 +25,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <poll.h>
@@ -65,7 +66,8 @@ struct Cli {
   std::size_t nodes = 0;  // 0: drawn from the seed
   std::size_t lus = 0;
   bool verbose = false;
-  bool expect_violation = false;
+  // --expect-violation: the properties a mutant must break ("S2", "S5", ...); empty when none.
+  std::set<std::string> expected;
   bool strict_epochs = false;
   std::string program = "blkfence_sim";
 };
@@ -1272,11 +1274,29 @@ bool parse_number(const char* text, std::uint64_t& out) {
   return true;
 }
 
+// "S2" or "S1,S5": the properties a mutant is expected to break. The checker's own "checker"
+// verdict (an inconsistent record) is never one of them.
+bool parse_properties(const char* text, std::set<std::string>& out) {
+  static const std::set<std::string> kProperties{"S1", "S2", "S3", "S4", "S5", "L1"};
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string name(rest.substr(0, comma));
+    if (!kProperties.contains(name)) {
+      return false;
+    }
+    out.insert(name);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return !out.empty();
+}
+
 int usage(const char* program) {
-  (void)std::fprintf(stderr,
-                     "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
-                     "          [--verbose] [--expect-violation] [--strict-epochs]\n",
-                     program);
+  (void)std::fprintf(
+      stderr,
+      "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
+      "          [--verbose] [--expect-violation S1|...|S5|L1[,...]] [--strict-epochs]\n",
+      program);
   return 2;
 }
 
@@ -1289,8 +1309,8 @@ int run_main(int argc, char** argv) {
     const bool has_value = i + 1 < argc;
     if (arg == "--verbose") {
       cli.verbose = true;
-    } else if (arg == "--expect-violation") {
-      cli.expect_violation = true;
+    } else if (arg == "--expect-violation" && has_value &&
+               parse_properties(argv[++i], cli.expected)) {
     } else if (arg == "--strict-epochs") {
       cli.strict_epochs = true;
     } else if (arg == "--seed" && has_value && parse_number(argv[++i], value)) {
@@ -1313,6 +1333,8 @@ int run_main(int argc, char** argv) {
   const std::uint64_t count = cli.seed ? 1 : cli.seeds;
   Stats total;
   std::optional<std::uint64_t> first_violation;
+  std::optional<std::uint64_t> caught_at;  // the first seed that broke an expected property
+  bool record_inconsistent = false;
   for (std::uint64_t seed = first; seed < first + count; ++seed) {
     World world(cli, seed);
     if (cli.verbose) {
@@ -1352,7 +1374,17 @@ int run_main(int argc, char** argv) {
       std::printf("replay: %s\n", replay_command(cli, seed).c_str());
     }
     total.add(stats);
-    if (!violations.empty() && cli.expect_violation) {
+    const bool inconsistent =
+        std::any_of(violations.begin(), violations.end(),
+                    [](const Violation& v) { return v.property == "checker"; });
+    if (inconsistent) {
+      record_inconsistent = true;
+    }
+    const bool caught = std::any_of(violations.begin(), violations.end(), [&](const Violation& v) {
+      return cli.expected.contains(v.property);
+    });
+    if (caught && !inconsistent) {
+      caught_at = seed;
       break;  // found what we came for
     }
   }
@@ -1364,15 +1396,26 @@ int run_main(int argc, char** argv) {
               total.commands, total.acquisitions, total.fences, total.lost_contacts,
               total.writes_landed, total.writes_refused, total.stray_registrations,
               total.violating_seeds);
-  if (cli.expect_violation) {
-    if (first_violation) {
-      std::printf("blkfence_sim: expected a violation and found one at seed %" PRIu64
+  if (!cli.expected.empty()) {
+    std::string names;
+    for (const std::string& name : cli.expected) {
+      names += (names.empty() ? "" : " or ") + name;
+    }
+    if (record_inconsistent) {
+      std::printf(
+          "blkfence_sim: the checker found its record inconsistent; a mutant's catch cannot "
+          "rest on it\n");
+      return 1;
+    }
+    if (caught_at) {
+      std::printf("blkfence_sim: expected a violation of %s and found one at seed %" PRIu64
                   " (after %" PRIu64 " seeds)\n",
-                  *first_violation, *first_violation - first + 1);
+                  names.c_str(), *caught_at, *caught_at - first + 1);
       return 0;
     }
-    std::printf("blkfence_sim: expected a violation, found none in %" PRIu64 " seeds\n",
-                total.seeds);
+    std::printf("blkfence_sim: expected a violation of %s, found none in %" PRIu64 " seeds%s\n",
+                names.c_str(), total.seeds,
+                first_violation ? " (other properties were violated: see above)" : "");
     return 1;
   }
   return total.violating_seeds == 0 ? 0 : 1;
