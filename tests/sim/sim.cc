@@ -69,6 +69,9 @@ struct Cli {
   // --expect-violation: the properties a mutant must break ("S2", "S5", ...); empty when none.
   std::set<std::string> expected;
   bool strict_epochs = false;
+  // --min-activity: the sweep fails when it fenced, wrote or refused too little for its verdict to
+  // mean anything (kMinPerSeed).
+  bool min_activity = false;
   std::string program = "blkfence_sim";
 };
 
@@ -1291,11 +1294,40 @@ bool parse_properties(const char* text, std::set<std::string>& out) {
   return !out.empty();
 }
 
+// What a sweep must at least have done, per seed, for "no violation" to mean something: every
+// property is about fences, writes that landed and writes the target refused. A seed averages
+// about 14 acquisitions, 10 fences, 750 landed and 45 refused writes (seeds 1-120); these floors
+// are far below, and far above an empty history.
+struct MinPerSeed {
+  std::uint64_t acquisitions = 5;
+  std::uint64_t fences = 2;
+  std::uint64_t writes_landed = 100;
+  std::uint64_t writes_refused = 5;
+};
+constexpr MinPerSeed kMinPerSeed;
+
+// Which counts of the sweep fall below kMinPerSeed, or empty.
+std::string quiet_sweep(const Stats& total) {
+  std::string below;
+  const auto floor = [&](const char* what, std::uint64_t got, std::uint64_t per_seed) {
+    if (got < per_seed * total.seeds) {
+      below += (below.empty() ? "" : ", ") + std::string(what) + " " + std::to_string(got) + " < " +
+               std::to_string(per_seed * total.seeds);
+    }
+  };
+  floor("acquisitions", total.acquisitions, kMinPerSeed.acquisitions);
+  floor("fences", total.fences, kMinPerSeed.fences);
+  floor("writes landed", total.writes_landed, kMinPerSeed.writes_landed);
+  floor("writes refused", total.writes_refused, kMinPerSeed.writes_refused);
+  return below;
+}
+
 int usage(const char* program) {
   (void)std::fprintf(
       stderr,
       "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
-      "          [--verbose] [--expect-violation S1|...|S5|L1[,...]] [--strict-epochs]\n",
+      "          [--verbose] [--expect-violation S1|...|S5|L1[,...]] [--strict-epochs]\n"
+      "          [--min-activity]\n",
       program);
   return 2;
 }
@@ -1311,6 +1343,8 @@ int run_main(int argc, char** argv) {
       cli.verbose = true;
     } else if (arg == "--expect-violation" && has_value &&
                parse_properties(argv[++i], cli.expected)) {
+    } else if (arg == "--min-activity") {
+      cli.min_activity = true;
     } else if (arg == "--strict-epochs") {
       cli.strict_epochs = true;
     } else if (arg == "--seed" && has_value && parse_number(argv[++i], value)) {
@@ -1396,6 +1430,11 @@ int run_main(int argc, char** argv) {
               total.commands, total.acquisitions, total.fences, total.lost_contacts,
               total.writes_landed, total.writes_refused, total.stray_registrations,
               total.violating_seeds);
+  if (cli.min_activity && !quiet_sweep(total).empty()) {
+    std::printf("blkfence_sim: the sweep was too quiet for its verdict to mean anything: %s\n",
+                quiet_sweep(total).c_str());
+    return 1;
+  }
   if (!cli.expected.empty()) {
     std::string names;
     for (const std::string& name : cli.expected) {
