@@ -163,9 +163,9 @@ int run(int argc, char** argv) {
 
   // What each device action takes besides DEVICE, --json, --verbose, --transport and --timeout.
   struct Spec {  // NOLINT(clang-analyzer-optin.performance.Padding): a table of eleven
-    const char* name;
-    DeviceAction action;
-    const char* help;
+    const char* name = nullptr;
+    DeviceAction action = DeviceAction::kKeys;
+    const char* help = nullptr;
     bool key = false;
     bool victim = false;
     bool type = false;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -23,10 +24,10 @@ namespace blkfence::control {
 inline constexpr int kProtocolVersion = 1;
 // A request line, not counting its '\n'; longer ones are answered with kTooLarge and the
 // connection is closed (the rest of the line cannot be told from the next request).
-inline constexpr std::size_t kMaxRequestSize = 64 * 1024;
+inline constexpr std::size_t kMaxRequestSize = std::size_t{64} * 1024;
 // A reply or event line, not counting its '\n': a status of many resources of 64 LUs each outgrows
 // 64 KiB, so the client allows more.
-inline constexpr std::size_t kMaxReplySize = 16 * 1024 * 1024;
+inline constexpr std::size_t kMaxReplySize = std::size_t{16} * 1024 * 1024;
 // Nesting of JSON arrays and objects accepted in a line; version 1 nests 6 deep (a status reply).
 inline constexpr int kMaxJsonDepth = 32;
 // What the server enforces (docs/control-protocol.md, "Limits").
@@ -129,7 +130,9 @@ nlohmann::json to_json(const ResourceStatus& status);
 [[nodiscard]] tl::expected<ResourceStatus, std::string> resource_status_from_json(
     const nlohmann::json& json);
 
-struct Reply {
+// clang-tidy 14 reports bugprone-exception-escape for the implicit move constructor of structs
+// like this one (llvm/llvm-project#54668); the static_assert below shows that it cannot throw.
+struct Reply {                      // NOLINT(bugprone-exception-escape)
   std::optional<std::uint64_t> id;  // nullopt for events and for errors about unreadable requests
   bool ok = false;                  // true for events
   nlohmann::json body;              // the line's object without the envelope (v, id, ok, error)
@@ -138,6 +141,7 @@ struct Reply {
 
   friend bool operator==(const Reply&, const Reply&) = default;
 };
+static_assert(std::is_nothrow_move_constructible_v<Reply>);
 
 // line: one line without its '\n', up to kMaxReplySize. A message when it is not a version 1
 // reply or event. Unknown members are kept in body; an unknown error code reads as kInternal with
