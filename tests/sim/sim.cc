@@ -1430,9 +1430,9 @@ int run_main(int argc, char** argv) {
               total.commands, total.acquisitions, total.fences, total.lost_contacts,
               total.writes_landed, total.writes_refused, total.stray_registrations,
               total.violating_seeds);
-  if (cli.min_activity && !quiet_sweep(total).empty()) {
+  if (const std::string below = cli.min_activity ? quiet_sweep(total) : ""; !below.empty()) {
     std::printf("blkfence_sim: the sweep was too quiet for its verdict to mean anything: %s\n",
-                quiet_sweep(total).c_str());
+                below.c_str());
     return 1;
   }
   if (!cli.expected.empty()) {
