@@ -25,6 +25,8 @@ class ControlClient {
   [[nodiscard]] Result<control::Reply> next(
       std::optional<std::chrono::steady_clock::time_point> deadline);
   int fd() const { return fd_.get(); }
+  // Whether next() has a line already read: poll() on fd() does not announce it.
+  bool has_line() const { return buffer_.find('\n') != std::string::npos; }
 
  private:
   explicit ControlClient(UniqueFd fd) : fd_(std::move(fd)) {}

@@ -442,10 +442,13 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
   };
   int result = -1;
   while (result < 0) {
+    // An event that came in one read with the reply (or another event) is in the client's buffer
+    // already: poll() would wait on the socket for something else while the gate is closed.
+    const bool buffered = client->has_line();
     pollfd fds[3] = {{.fd = client->fd(), .events = POLLIN, .revents = 0},
                      {.fd = pidfd, .events = POLLIN, .revents = 0},
                      {.fd = sigfd, .events = POLLIN, .revents = 0}};
-    if (::poll(fds, 3, -1) < 0 && errno != EINTR) {
+    if (::poll(fds, 3, buffered ? 0 : -1) < 0 && errno != EINTR) {
       kill_group("poll failed");
       result = code(DaemonExit::kFailed);
       break;
@@ -456,7 +459,7 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
         ::kill(-child, static_cast<int>(info.ssi_signo));
       }
     }
-    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+    if (buffered || (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
       auto event = client->next(Clock::now());
       if (!event && event.error().code() != ErrorCode::kIndeterminate) {
         // Fail closed: without the daemon nothing vouches for the token any more.
