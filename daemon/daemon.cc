@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 
-#include <grp.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
@@ -18,6 +17,7 @@
 #include "blkfence/codec/prin.h"
 #include "blkfence/pr/client.h"
 
+#include "access.h"
 #include "log.h"
 
 namespace blkfence::daemon {
@@ -567,21 +567,6 @@ void Daemon::broadcast(Event event, const fence::Resource& resource) {
   }
 }
 
-bool Daemon::allowed(const Peer& peer) const {
-  if (peer.uid == 0) {
-    return true;
-  }
-  if (config_.control_group.empty()) {
-    return false;
-  }
-  const group* entry = ::getgrnam(config_.control_group.c_str());
-  if (entry == nullptr) {
-    return false;
-  }
-  return peer.gid == entry->gr_gid ||
-         std::find(peer.groups.begin(), peer.groups.end(), entry->gr_gid) != peer.groups.end();
-}
-
 void Daemon::reply_error(ClientId client, std::optional<std::uint64_t> id, ReplyError code,
                          std::string message) {
   control_->send(
@@ -608,7 +593,7 @@ void Daemon::on_disconnect(ClientId client) {
 }
 
 void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
-  if (changes_state(request.op) && !allowed(peer)) {
+  if (!may_run(request.op, peer, config_.control_group)) {
     reply_error(
         client, request.id, ReplyError::kPermissionDenied,
         std::string(to_string(request.op)) + " needs root" +

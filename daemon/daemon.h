@@ -84,7 +84,6 @@ class Daemon final : public fence::Observer, public ControlHandler {
   void watch_devices();
   void rescan();
 
-  bool allowed(const Peer& peer) const;
   fence::Resource* find(const std::string& name);
   const ResourceConfig* config_of(const std::string& name) const;
   ResourceStatus status_of(const fence::Resource& resource) const;

@@ -1,0 +1,106 @@
+// Proves who may send which control request (access.h, docs/control-protocol.md "Permissions"):
+// every read op is open to any user; every state change is open to root, to a peer whose primary
+// or supplementary group is control_group, and to nobody else, including when no control_group is
+// configured or the configured one does not exist. It also proves the group is looked up only
+// when the decision needs it (a read, or root, never waits on NSS).
+#include "access.h"
+
+#include <gtest/gtest.h>
+
+namespace blkfence::daemon {
+namespace {
+
+using control::Op;
+
+constexpr gid_t kControlGid = 4242;
+constexpr uid_t kUser = 1000;
+int g_lookups = 0;
+
+std::optional<gid_t> fake_lookup(const std::string& name) {
+  ++g_lookups;
+  return name == "blkfence" ? std::optional<gid_t>(kControlGid) : std::nullopt;
+}
+
+constexpr Op kReads[] = {Op::kStatus, Op::kKeys, Op::kWatch, Op::kGate, Op::kMetrics};
+constexpr Op kChanges[] = {Op::kAcquire, Op::kRelease, Op::kFence, Op::kUnfence};
+
+class AccessTest : public ::testing::Test {
+ protected:
+  void SetUp() override { g_lookups = 0; }
+};
+
+TEST_F(AccessTest, ReadsAndChangesAreTheDocumentedOps) {
+  for (const Op op : kReads) {
+    EXPECT_FALSE(control::changes_state(op)) << control::to_string(op);
+  }
+  for (const Op op : kChanges) {
+    EXPECT_TRUE(control::changes_state(op)) << control::to_string(op);
+  }
+}
+
+TEST_F(AccessTest, AnyoneMayRead) {
+  const Peer stranger{.pid = 1, .uid = kUser, .gid = 100, .groups = {}};
+  for (const Op op : kReads) {
+    EXPECT_TRUE(may_run(op, stranger, "", fake_lookup)) << control::to_string(op);
+    EXPECT_TRUE(may_run(op, stranger, "blkfence", fake_lookup)) << control::to_string(op);
+  }
+  EXPECT_EQ(g_lookups, 0);
+}
+
+TEST_F(AccessTest, RootMayChangeWithOrWithoutAGroup) {
+  const Peer root{.pid = 1, .uid = 0, .gid = 0, .groups = {}};
+  for (const Op op : kChanges) {
+    EXPECT_TRUE(may_run(op, root, "", fake_lookup)) << control::to_string(op);
+    EXPECT_TRUE(may_run(op, root, "blkfence", fake_lookup)) << control::to_string(op);
+    EXPECT_TRUE(may_run(op, root, "no-such-group", fake_lookup)) << control::to_string(op);
+  }
+  EXPECT_EQ(g_lookups, 0);
+}
+
+TEST_F(AccessTest, WithoutAControlGroupOnlyRootMayChange) {
+  // Even a peer whose group id happens to be the one a group would have: no group, no members.
+  const Peer user{.pid = 1, .uid = kUser, .gid = kControlGid, .groups = {kControlGid}};
+  for (const Op op : kChanges) {
+    EXPECT_FALSE(may_run(op, user, "", fake_lookup)) << control::to_string(op);
+  }
+  EXPECT_EQ(g_lookups, 0);
+}
+
+TEST_F(AccessTest, PrimaryGroupMemberMayChange) {
+  const Peer member{.pid = 1, .uid = kUser, .gid = kControlGid, .groups = {}};
+  for (const Op op : kChanges) {
+    EXPECT_TRUE(may_run(op, member, "blkfence", fake_lookup)) << control::to_string(op);
+  }
+}
+
+TEST_F(AccessTest, SupplementaryGroupMemberMayChange) {
+  const Peer member{.pid = 1, .uid = kUser, .gid = 100, .groups = {27, kControlGid, 100}};
+  for (const Op op : kChanges) {
+    EXPECT_TRUE(may_run(op, member, "blkfence", fake_lookup)) << control::to_string(op);
+  }
+}
+
+TEST_F(AccessTest, OtherUsersMayNotChange) {
+  const Peer other{.pid = 1, .uid = kUser, .gid = 100, .groups = {27, 100}};
+  for (const Op op : kChanges) {
+    EXPECT_FALSE(may_run(op, other, "blkfence", fake_lookup)) << control::to_string(op);
+  }
+  EXPECT_EQ(g_lookups, 4);  // the group is looked up when it decides
+}
+
+TEST_F(AccessTest, AGroupThatDoesNotExistAdmitsNobodyButRoot) {
+  // A member of a group with the id the missing group "would" have is not let in by accident.
+  const Peer user{.pid = 1, .uid = kUser, .gid = kControlGid, .groups = {kControlGid}};
+  for (const Op op : kChanges) {
+    EXPECT_FALSE(may_run(op, user, "no-such-group", fake_lookup)) << control::to_string(op);
+  }
+}
+
+TEST_F(AccessTest, GroupIdReadsTheGroupDatabase) {
+  // Group 0 is root's on every Linux system; its name is whatever this system calls it.
+  EXPECT_EQ(group_id("root"), std::optional<gid_t>(0));
+  EXPECT_EQ(group_id("blkfence-no-such-group-x"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace blkfence::daemon
