@@ -30,12 +30,14 @@ struct ControlServer::Client {
   }
 };
 
-ControlServer::ControlServer(sd_event* event, ControlHandler& handler)
-    : event_(event), handler_(handler) {}
+ControlServer::ControlServer(sd_event* event, ControlHandler& handler,
+                             std::chrono::milliseconds idle_timeout)
+    : event_(event), handler_(handler), idle_timeout_(idle_timeout) {}
 
 Result<std::unique_ptr<ControlServer>> ControlServer::make(sd_event* event, const std::string& path,
-                                                           ControlHandler& handler) {
-  std::unique_ptr<ControlServer> server(new ControlServer(event, handler));
+                                                           ControlHandler& handler,
+                                                           std::chrono::milliseconds idle_timeout) {
+  std::unique_ptr<ControlServer> server(new ControlServer(event, handler, idle_timeout));
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof address.sun_path) {
@@ -191,7 +193,7 @@ void ControlServer::read_from(Client& client) {
   } else if (client.idle == nullptr) {
     std::uint64_t now = 0;
     (void)sd_event_now(event_, CLOCK_MONOTONIC, &now);
-    const auto timeout = std::chrono::microseconds(kIdleTimeout).count();
+    const auto timeout = std::chrono::microseconds(idle_timeout_).count();
     (void)sd_event_add_time(event_, &client.idle, CLOCK_MONOTONIC,
                             now + static_cast<std::uint64_t>(timeout), 0, &ControlServer::on_idle,
                             &client);

@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include "blkfence/control/protocol.h"
 #include "blkfence/error.h"
 #include "blkfence/unique_fd.h"
 
@@ -47,15 +48,17 @@ class ControlHandler {
 
 class ControlServer {
  public:
-  static constexpr std::size_t kMaxLineSize = 64 * 1024;
-  static constexpr std::size_t kMaxClients = 64;
+  // The limits docs/control-protocol.md documents, as the protocol's header states them.
+  static constexpr std::size_t kMaxLineSize = control::kMaxRequestSize;
+  static constexpr std::size_t kMaxClients = control::kMaxClients;
   static constexpr std::size_t kMaxQueued = 1024 * 1024;
-  static constexpr std::chrono::seconds kIdleTimeout{5};
+  static constexpr std::chrono::milliseconds kIdleTimeout = control::kPartialLineTimeout;
 
   // Binds path (replacing a stale socket), mode 0666: everyone may connect and read status.
-  [[nodiscard]] static Result<std::unique_ptr<ControlServer>> make(sd_event* event,
-                                                                   const std::string& path,
-                                                                   ControlHandler& handler);
+  // idle_timeout is kIdleTimeout but in tests.
+  [[nodiscard]] static Result<std::unique_ptr<ControlServer>> make(
+      sd_event* event, const std::string& path, ControlHandler& handler,
+      std::chrono::milliseconds idle_timeout = kIdleTimeout);
   ~ControlServer();
   ControlServer(const ControlServer&) = delete;
   ControlServer& operator=(const ControlServer&) = delete;
@@ -68,7 +71,7 @@ class ControlServer {
 
  private:
   struct Client;
-  ControlServer(sd_event* event, ControlHandler& handler);
+  ControlServer(sd_event* event, ControlHandler& handler, std::chrono::milliseconds idle_timeout);
   static int on_accept(sd_event_source* source, int fd, std::uint32_t revents, void* self);
   static int on_client_io(sd_event_source* source, int fd, std::uint32_t revents, void* client);
   static int on_idle(sd_event_source* source, std::uint64_t usec, void* client);
@@ -80,6 +83,7 @@ class ControlServer {
 
   sd_event* event_;
   ControlHandler& handler_;
+  std::chrono::milliseconds idle_timeout_;
   UniqueFd listen_fd_;
   sd_event_source* listen_source_ = nullptr;
   std::string path_;

@@ -1,0 +1,334 @@
+// Proves blkfenced's answers on its control socket (daemon.cc, docs/control-protocol.md), with a
+// real Daemon (no resources: no device is needed) serving a socket in a temporary directory and
+// requests and replies in the control library's encoding: a well-formed request gets its reply with
+// its id; malformed, unknown-op, wrong-version and unknown-resource requests get their error codes
+// and the connection goes on serving; a line over 64 KiB gets too-large and the connection is
+// closed; and the permission check sees the real peer: root and control_group members (primary or
+// supplementary, read by SO_PEERCRED and SO_PEERGROUPS) may ask for changes, another user may read
+// but is told permission-denied for a change. Those last ones run the client in a child process
+// with another uid and gid, so they need root (CI runs as root) and skip otherwise.
+#include <fcntl.h>
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "blkfence/control/protocol.h"
+
+#include "daemon.h"
+#include "glue_testing.h"
+#include "log.h"
+
+namespace blkfence::daemon {
+namespace {
+
+using testing::RawClient;
+using testing::run_until;
+using testing::TempDir;
+
+class DaemonControlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    set_log_target(LogTarget::kStderr);
+    // The run directory is 0755, as blkfenced makes it; its parent must let other users in too.
+    ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
+  }
+  void TearDown() override {
+    daemon_.reset();
+    sd_event_unref(event_);
+  }
+
+  void start(std::string control_group = "") {
+    Config config;
+    config.cluster = "glue";
+    config.node_id = 7;
+    config.control_group = std::move(control_group);
+    config.state_dir = dir_ / "state";
+    config.run_dir = dir_ / "run";
+    config.transport = "sgio";  // no device is ever opened: there is no resource
+    auto made = Daemon::make(std::move(config));
+    ASSERT_TRUE(made) << made.error().message();
+    daemon_ = std::move(*made);
+    // Daemon::make() serves the socket on this thread's default loop; the test runs that loop.
+    ASSERT_GE(sd_event_default(&event_), 0);
+  }
+  std::string socket_path() const { return dir_ / "run/control.sock"; }
+
+  // One request line, and the reply to it, on client.
+  control::Reply ask(RawClient& client, const std::string& line) {
+    client.write(line);
+    const auto reply_line = client.read_line();
+    if (!reply_line) {
+      ADD_FAILURE() << "no reply to " << line;
+      return {};
+    }
+    auto reply = control::parse_reply(*reply_line);
+    if (!reply) {
+      ADD_FAILURE() << "unreadable reply " << *reply_line << ": " << reply.error();
+      return {};
+    }
+    return *reply;
+  }
+  control::Reply ask(RawClient& client, const control::Request& request) {
+    return ask(client, control::encode_request(request));
+  }
+
+  // The reply to request, asked by a child process as uid and gid with supplementary groups.
+  control::Reply ask_as(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
+                        const control::Request& request);
+
+  TempDir dir_;
+  std::unique_ptr<Daemon> daemon_;
+  sd_event* event_ = nullptr;
+};
+
+control::Reply DaemonControlTest::ask_as(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
+                                         const control::Request& request) {
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe2";
+    return {};
+  }
+  UniqueFd from_child(pipe_fds[0]);
+  UniqueFd to_parent(pipe_fds[1]);
+  // Everything the child needs is prepared before fork(): the daemon's transport has threads, so
+  // the child makes system calls only (raw ones for the ids: glibc's would try to set every
+  // thread's).
+  const std::string line = control::encode_request(request);
+  const std::string path = socket_path();
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const bool dropped = ::syscall(SYS_setgroups, groups.size(), groups.data()) == 0 &&
+                         ::syscall(SYS_setresgid, gid, gid, gid) == 0 &&
+                         ::syscall(SYS_setresuid, uid, uid, uid) == 0;
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (!dropped || fd < 0 ||
+        ::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 ||
+        ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+      ::_exit(2);
+    }
+    // Copy the reply to the parent up to its newline (the parent bounds the wait).
+    char byte = 0;
+    while (::read(fd, &byte, 1) == 1) {
+      if (::write(to_parent.get(), &byte, 1) != 1 || byte == '\n') {
+        break;
+      }
+    }
+    ::_exit(0);
+  }
+  to_parent = UniqueFd();
+  (void)::fcntl(from_child.get(), F_SETFL, O_NONBLOCK);
+  if (child < 0) {
+    ADD_FAILURE() << "fork";
+    return {};
+  }
+  std::string reply_line;
+  bool done = false;
+  run_until(
+      event_,
+      [&] {
+        char chunk[4096];
+        const ssize_t got = ::read(from_child.get(), chunk, sizeof chunk);
+        if (got > 0) {
+          reply_line.append(chunk, static_cast<std::size_t>(got));
+        }
+        done = got == 0 || (got < 0 && errno != EAGAIN) || reply_line.ends_with('\n');
+        return done;
+      },
+      "the child's reply");
+  int status = 0;
+  (void)::waitpid(child, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not ask";
+  if (!reply_line.ends_with('\n')) {
+    ADD_FAILURE() << "no reply for the child";
+    return {};
+  }
+  reply_line.pop_back();
+  auto reply = control::parse_reply(reply_line);
+  if (!reply) {
+    ADD_FAILURE() << "unreadable reply " << reply_line;
+    return {};
+  }
+  return *reply;
+}
+
+control::Request request(control::Op op, std::string resource = "", std::uint64_t id = 1) {
+  return {.id = id, .op = op, .resource = std::move(resource), .node = {}, .timeout = {}};
+}
+
+TEST_F(DaemonControlTest, StatusIsAnsweredWithItsIdTheClusterAndTheNode) {
+  start();
+  RawClient client(event_, socket_path());
+  const auto reply = ask(client, request(control::Op::kStatus, "", 41));
+  ASSERT_TRUE(reply.ok) << reply.body.dump();
+  EXPECT_EQ(reply.id, 41U);
+  EXPECT_EQ(reply.body.value("cluster", ""), "glue");
+  EXPECT_EQ(reply.body.value("node", 0), 7);
+  EXPECT_EQ(reply.body["resources"], nlohmann::json::array());
+}
+
+TEST_F(DaemonControlTest, MetricsAreAnsweredInThePrometheusTextForm) {
+  start();
+  RawClient client(event_, socket_path());
+  const auto reply = ask(client, request(control::Op::kMetrics, "", 2));
+  ASSERT_TRUE(reply.ok);
+  EXPECT_NE(reply.body.value("text", "").find("# TYPE blkfence_gate_open gauge"),
+            std::string::npos);
+}
+
+TEST_F(DaemonControlTest, MalformedRequestsGetErrorsAndTheConnectionGoesOn) {
+  start();
+  RawClient client(event_, socket_path());
+  struct Case {
+    std::string line;
+    control::ReplyError code;
+    std::optional<std::uint64_t> id;
+  };
+  const Case cases[] = {
+      {"this is not json\n", control::ReplyError::kBadRequest, std::nullopt},
+      {"[1,2,3]\n", control::ReplyError::kBadRequest, std::nullopt},
+      {R"({"v":1,"id":3,"op":"format-disk"})"
+       "\n",
+       control::ReplyError::kBadRequest, 3},
+      {R"({"v":1,"id":4,"op":"status","colour":"red"})"
+       "\n",
+       control::ReplyError::kBadRequest, 4},
+      {R"({"v":1,"id":5,"op":"acquire"})"
+       "\n",
+       control::ReplyError::kBadRequest, 5},
+      {R"({"v":2,"id":6,"op":"status"})"
+       "\n",
+       control::ReplyError::kUnsupportedVersion, 6},
+      {std::string(100, '[') + "\n", control::ReplyError::kBadRequest, std::nullopt},
+  };
+  for (const Case& c : cases) {
+    const auto reply = ask(client, c.line);
+    EXPECT_FALSE(reply.ok) << c.line;
+    ASSERT_TRUE(reply.error) << c.line;
+    EXPECT_EQ(reply.error->code, c.code) << c.line << ": " << reply.error->message;
+    EXPECT_EQ(reply.id, c.id) << c.line;
+    EXPECT_FALSE(reply.error->message.empty()) << c.line;
+  }
+  const auto reply = ask(client, request(control::Op::kStatus, "", 9));
+  EXPECT_TRUE(reply.ok);
+  EXPECT_EQ(reply.id, 9U);
+}
+
+TEST_F(DaemonControlTest, AnUnknownResourceIsNamedInTheError) {
+  start();
+  RawClient client(event_, socket_path());
+  for (const auto op :
+       {control::Op::kStatus, control::Op::kGate, control::Op::kKeys, control::Op::kWatch}) {
+    const auto reply = ask(client, request(op, "pgdata", 12));
+    ASSERT_TRUE(reply.error) << control::to_string(op);
+    EXPECT_EQ(reply.error->code, control::ReplyError::kUnknownResource);
+    EXPECT_EQ(reply.id, 12U);
+    EXPECT_NE(reply.error->message.find("\"pgdata\""), std::string::npos) << reply.error->message;
+  }
+}
+
+TEST_F(DaemonControlTest, ALineOverTheLimitGetsTooLargeAndTheConnectionIsClosed) {
+  start();
+  RawClient client(event_, socket_path());
+  client.write(std::string(control::kMaxRequestSize + 1, ' '));
+  const auto line = client.read_line();
+  ASSERT_TRUE(line);
+  const auto reply = control::parse_reply(*line);
+  ASSERT_TRUE(reply && reply->error) << *line;
+  EXPECT_EQ(reply->error->code, control::ReplyError::kTooLarge);
+  EXPECT_EQ(reply->id, std::nullopt);
+  EXPECT_TRUE(client.await_eof());
+  // The daemon serves the next connection.
+  RawClient next(event_, socket_path());
+  EXPECT_TRUE(ask(next, request(control::Op::kStatus)).ok);
+}
+
+TEST_F(DaemonControlTest, RootMayAskForAChange) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "runs as root only (the client must be root)";
+  }
+  start();
+  RawClient client(event_, socket_path());
+  // Past the permission check to the resource lookup: unknown-resource, not permission-denied.
+  const auto reply = ask(client, request(control::Op::kAcquire, "pgdata"));
+  ASSERT_TRUE(reply.error);
+  EXPECT_EQ(reply.error->code, control::ReplyError::kUnknownResource) << reply.error->message;
+}
+
+// uid and gid of an unprivileged user and the name of a group to configure as control_group.
+struct Nobody {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string group;  // the name of gid's group
+};
+std::optional<Nobody> nobody() {
+  const passwd* user = ::getpwnam("nobody");
+  if (user == nullptr || user->pw_uid == 0) {
+    return std::nullopt;
+  }
+  const group* entry = ::getgrgid(user->pw_gid);
+  if (entry == nullptr) {
+    return std::nullopt;
+  }
+  return Nobody{.uid = user->pw_uid, .gid = user->pw_gid, .group = entry->gr_name};
+}
+
+// A gid that is neither nobody's nor any group this test configures.
+constexpr gid_t kOtherGid = 54321;
+
+#define REQUIRE_ROOT_AND_NOBODY(who)                                                    \
+  const auto who = nobody();                                                            \
+  if (::geteuid() != 0 || !(who)) {                                                     \
+    GTEST_SKIP() << "runs as root only, with a user 'nobody' (the client changes ids)"; \
+  }
+
+TEST_F(DaemonControlTest, AnotherUserMayReadButNotChange) {
+  REQUIRE_ROOT_AND_NOBODY(user);
+  start();
+  const auto read = ask_as(user->uid, user->gid, {}, request(control::Op::kStatus));
+  EXPECT_TRUE(read.ok);
+  const auto change = ask_as(user->uid, user->gid, {}, request(control::Op::kAcquire, "pgdata", 8));
+  ASSERT_TRUE(change.error);
+  EXPECT_EQ(change.error->code, control::ReplyError::kPermissionDenied);
+  EXPECT_EQ(change.id, 8U);
+  EXPECT_NE(
+      change.error->message.find("acquire needs root (uid " + std::to_string(user->uid) + ")"),
+      std::string::npos)
+      << change.error->message;
+}
+
+TEST_F(DaemonControlTest, AnotherUserOutsideControlGroupMayNotChange) {
+  REQUIRE_ROOT_AND_NOBODY(user);
+  start(user->group);
+  const auto change = ask_as(user->uid, kOtherGid, {}, request(control::Op::kAcquire, "pgdata"));
+  ASSERT_TRUE(change.error);
+  EXPECT_EQ(change.error->code, control::ReplyError::kPermissionDenied);
+  EXPECT_NE(change.error->message.find("or membership of group " + user->group), std::string::npos)
+      << change.error->message;
+}
+
+TEST_F(DaemonControlTest, APrimaryGroupMemberOfControlGroupMayChange) {
+  REQUIRE_ROOT_AND_NOBODY(user);
+  start(user->group);
+  const auto change = ask_as(user->uid, user->gid, {}, request(control::Op::kRelease, "pgdata"));
+  ASSERT_TRUE(change.error);
+  EXPECT_EQ(change.error->code, control::ReplyError::kUnknownResource) << change.error->message;
+}
+
+TEST_F(DaemonControlTest, ASupplementaryGroupMemberOfControlGroupMayChange) {
+  REQUIRE_ROOT_AND_NOBODY(user);
+  start(user->group);
+  const auto change =
+      ask_as(user->uid, kOtherGid, {user->gid}, request(control::Op::kUnfence, "pgdata"));
+  ASSERT_TRUE(change.error);
+  EXPECT_EQ(change.error->code, control::ReplyError::kUnknownResource) << change.error->message;
+}
+
+}  // namespace
+}  // namespace blkfence::daemon
