@@ -243,7 +243,10 @@ TEST_F(DaemonControlTest, ALineOverTheLimitGetsTooLargeAndTheConnectionIsClosed)
   ASSERT_TRUE(reply && reply->error) << *line;
   EXPECT_EQ(reply->error->code, control::ReplyError::kTooLarge);
   EXPECT_EQ(reply->id, std::nullopt);
+  // The line's end and a request after it (if the daemon still reads): it is not answered.
+  (void)client.try_write("\n" + control::encode_request(request(control::Op::kStatus)));
   EXPECT_TRUE(client.await_eof());
+  EXPECT_EQ(client.unread(), "");
   // The daemon serves the next connection.
   RawClient next(event_, socket_path());
   EXPECT_TRUE(ask(next, request(control::Op::kStatus)).ok);

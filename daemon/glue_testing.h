@@ -87,15 +87,21 @@ class RawClient {
   int fd() const { return fd_.get(); }
 
   void write(const std::string& bytes) {
+    if (!try_write(bytes)) {
+      ADD_FAILURE() << "send: " << std::strerror(errno);
+    }
+  }
+  // False when the server has closed the connection (EPIPE, ECONNRESET) or another error.
+  bool try_write(const std::string& bytes) {
     std::size_t sent = 0;
     while (sent < bytes.size()) {
       const ssize_t n = ::send(fd_.get(), bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
       if (n < 0) {
-        ADD_FAILURE() << "send: " << std::strerror(errno);
-        return;
+        return false;
       }
       sent += static_cast<std::size_t>(n);
     }
+    return true;
   }
   void close() { fd_ = UniqueFd(); }
 
