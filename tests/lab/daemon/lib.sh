@@ -2,6 +2,9 @@
 #
 # Each node runs its own daemon under /tmp/bf/<node> (config, state_dir, run_dir, log), using only
 # its own nexuses (the map's sg nodes of that node), talking to blkfencectl through its own socket.
+# As in lib/guest.sh, every read helper here fails (with its reason on stderr) when it cannot read,
+# and checks use lab_expect_read: a daemon that does not answer is never "no key" or "0 rounds".
+set -o pipefail
 
 BF=/tmp/bf
 : "${BLKFENCED:?BLKFENCED must name the blkfenced binary (tests/lab/CMakeLists.txt passes it)}"
@@ -63,12 +66,13 @@ TOML
 
 # bf_start NODE [BINARY]: starts NODE's daemon and waits until every resource's state is known.
 bf_start() {
-  local node=$1 binary=${2:-$BLKFENCED} try
+  local node=$1 binary=${2:-$BLKFENCED} try status
   "$binary" --config "$BF/$node/blkfence.toml" --log stderr >>"$BF/$node/log" 2>&1 &
   echo $! >"$BF/$node/pid"
   for ((try = 0; try < 200; try++)); do
-    if bf_ctl "$node" status --json 2>/dev/null | grep -q '"state"' &&
-      ! bf_ctl "$node" status --json 2>/dev/null | grep -q '"state": "unknown"'; then
+    # Captured, then matched: under pipefail `bf_ctl | grep -q` fails when grep exits first.
+    if status=$(bf_ctl "$node" status --json 2>/dev/null) &&
+      [[ $status == *'"state"'* && $status != *'"state": "unknown"'* ]]; then
       return 0
     fi
     kill -0 "$(cat "$BF/$node/pid")" 2>/dev/null || { echo "blkfenced $node died:"; tail -5 "$BF/$node/log"; return 1; }
@@ -129,42 +133,72 @@ bf_await() {
   return 1
 }
 
-# bf_checks NODE RESOURCE: how many monitor rounds the daemon has finished (its metrics).
-bf_checks() {
-  bf_ctl "$1" metrics | awk -v r="$2" '$1 == "blkfence_check_latency_seconds_count{resource=\"" r "\"}" { print $2 }'
+# bf_metric NODE SAMPLE: the value of one sample of NODE's metrics, e.g.
+# 'blkfence_strays_preempted_total{resource="db"}'. Fails when the metrics cannot be read or do not
+# hold the sample, or its value is not a number: a metric that cannot be read is not 0.
+bf_metric() {
+  local metrics
+  metrics=$(bf_ctl "$1" metrics) || { echo "bf_metric: blkfencectl metrics on $1 failed (exit $?)" >&2; return 1; }
+  awk -v sample="$2" -v node="$1" '
+    $1 == sample && $2 ~ /^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$/ { print $2; found = 1; exit }
+    END { if (!found) { printf "bf_metric: %s has no sample %s\n", node, sample > "/dev/stderr"; exit 1 } }' <<<"$metrics"
 }
 
-# bf_await_checks NODE RESOURCE N: waits until N more monitor rounds have finished.
+# bf_checks NODE RESOURCE: how many monitor rounds the daemon has finished (its metrics).
+bf_checks() { bf_metric "$1" "blkfence_check_latency_seconds_count{resource=\"$2\"}"; }
+
+# bf_await_checks NODE RESOURCE N: waits until N more monitor rounds have finished. Fails at once
+# when the count cannot be read (the daemon is gone), with the reason.
 bf_await_checks() {
   local start now try
-  start=$(bf_checks "$1" "$2")
+  start=$(bf_checks "$1" "$2") || { echo "bf_await_checks: cannot read $1's rounds of $2"; return 1; }
   for ((try = 0; try < 300; try++)); do
-    now=$(bf_checks "$1" "$2")
+    now=$(bf_checks "$1" "$2") || { echo "bf_await_checks: cannot read $1's rounds of $2"; return 1; }
     ((now >= start + $3)) && return 0
     sleep 0.1
   done
-  echo "bf_await_checks: $1 $2 did not finish $3 more checks"
+  echo "bf_await_checks: $1 $2 did not finish $3 more checks ($start, then $now)"
   return 1
 }
 
-# bf_clear LU...: removes every registration and reservation (through node A's first path).
+# bf_clear [--via NODE] LU...: removes every registration and reservation (through NODE's path,
+# node A's by default); fails when a LU could not be cleared.
 bf_clear() {
-  local lu dev
+  local lu dev rc=0 node=A
+  [[ ${1:-} == --via ]] && { node=$2; shift 2; }
   for lu in "$@"; do
-    dev=$(lab_dev A "$lu" sg)
-    lab_pr --out --register-ignore --param-sark=0x1 "$dev" >/dev/null 2>&1
-    lab_pr --out --clear --param-rk=0x1 "$dev" >/dev/null 2>&1
+    if ! dev=$(lab_dev "$node" "$lu" sg) ||
+      ! lab_pr --out --register-ignore --param-sark=0x1 "$dev" >/dev/null 2>&1 ||
+      ! lab_pr --out --clear --param-rk=0x1 "$dev" >/dev/null 2>&1; then
+      echo "bf_clear: clearing LU $lu failed" >&2
+      rc=1
+    fi
   done
+  return "$rc"
 }
 
-# bf_holders_everywhere LU...: the holders of every LU (read through node B), one sorted line.
+# bf_holders_everywhere LU...: the holder keys of every LU (read through node B; "none" for a LU
+# without a reservation), sorted and unique, each followed by a space. Fails when any LU cannot be
+# read: an unreadable LU does not drop out of the answer.
 bf_holders_everywhere() {
-  local lu
-  for lu in "$@"; do lab_holder "$(lab_dev B "$lu")" | awk '{print $1}'; done | sort -u | tr '\n' ' '
+  local lu dev holder all=""
+  for lu in "$@"; do
+    dev=$(lab_dev B "$lu") || { echo "bf_holders_everywhere: LU $lu is not in the map" >&2; return 1; }
+    holder=$(lab_holder_key "$dev") || { echo "bf_holders_everywhere: LU $lu ($dev) cannot be read" >&2; return 1; }
+    all+=$holder$'\n'
+  done
+  [[ -z $all ]] || printf '%s' "$all" | sort -u | tr '\n' ' '
 }
 
-# bf_keys_everywhere LU...: the registered keys of every LU (read through node B), one sorted line.
+# bf_keys_everywhere LU...: the registered keys of every LU (read through node B), sorted and unique,
+# each followed by a space ("" when no LU has one). Fails when any LU cannot be read: an unreadable
+# LU is not one without keys.
 bf_keys_everywhere() {
-  local lu
-  for lu in "$@"; do lab_keys "$(lab_dev B "$lu")"; done | sort -u | tr '\n' ' '
+  local lu dev keys all=""
+  for lu in "$@"; do
+    dev=$(lab_dev B "$lu") || { echo "bf_keys_everywhere: LU $lu is not in the map" >&2; return 1; }
+    keys=$(lab_keys "$dev") || { echo "bf_keys_everywhere: LU $lu ($dev) cannot be read" >&2; return 1; }
+    [[ -z $keys ]] || all+=$keys$'\n'
+  done
+  [[ -z $all ]] || printf '%s' "$all" | sort -u | tr '\n' ' '
 }

@@ -12,6 +12,10 @@
 #     iscsi     initiator iqn.2026-11.org.blkfence.lab:node-<a,b,...>, open-iscsi iface lab-<a,b,...>,
 #               one target iqn.2026-11.org.blkfence.lab:target on 127.0.0.1:3260 with one ACL per node
 # Each node therefore reaches every LU through its own I_T nexus.
+#
+# Sourced by guest/stage2 and lib/guest.sh; its pipelines fail when any command in them does, so a
+# node without a SCSI host fails the map instead of leaving a line out.
+set -o pipefail
 
 lab_cfs=/sys/kernel/config/target
 lab_iscsi_target=iqn.2026-11.org.blkfence.lab:target

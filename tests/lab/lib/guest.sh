@@ -3,6 +3,13 @@
 # Device lookup in the node -> LU map, sg_persist wrappers that retry unit attentions (the first
 # command on a fresh nexus and every command after a preemption may get one; docs/design.md §7), O_DIRECT
 # writes that report the errno text, and TAP-like checks that end in "N passed, N failed".
+#
+# The lab fails closed: a read helper (lab_keys, lab_holder, ...) that cannot read fails, with its
+# reason on stderr, instead of printing nothing; checks built on reads use lab_expect_read, which
+# turns a failed read into a failed check; an empty or malformed key never matches (lab_is_key).
+# Pipelines fail when any of their commands does (pipefail), so capture a command's output before
+# matching it: `cmd | grep -q` can fail the pipeline when grep exits first and cmd gets SIGPIPE.
+set -o pipefail
 
 # The job's topology (LAB_FABRIC, LAB_NODES, LAB_LUNS) and the helpers naming its identities.
 . "$BLKFENCE_LAB_OUT/job.env"
@@ -40,6 +47,54 @@ lab_expect() {
   if output=$("$@" 2>&1); then lab_ok "$desc"; else lab_not_ok "$desc: '$*' failed: $output"; fi
 }
 
+# lab_capture VAR COMMAND...: runs a read and sets VAR to what it printed on stdout; its stderr
+# (unit attentions retried, say) passes through and is never part of VAR. When the read fails, VAR
+# says so ("the read failed: 'COMMAND' exited N: its stderr") and lab_capture returns 1.
+# shellcheck disable=SC2034 # lab_capture_var is a name reference: it sets the caller's VAR
+lab_capture() {
+  local -n lab_capture_var=$1
+  local rc err=${TMPDIR:-/tmp}/lab_capture.$BASHPID
+  shift
+  lab_capture_var=$("$@" 2>"$err")
+  rc=$?
+  if ((rc != 0)); then
+    lab_capture_var="the read failed: '$*' exited $rc: $(tr '\n' ' ' <"$err")"
+  elif [[ -s $err ]]; then
+    cat "$err" >&2
+  fi
+  rm -f "$err"
+  ((rc == 0))
+}
+
+# lab_expect_read DESCRIPTION WANT COMMAND...: COMMAND reads something (keys, a holder, a status
+# field); the check passes only if the read succeeds and prints WANT. A failed read is a failed check
+# that says why, never an empty answer that happens to match an expected "" ("no keys").
+lab_expect_read() {
+  local desc=$1 want=$2 got
+  shift 2
+  if ! lab_capture got "$@"; then
+    lab_not_ok "$desc: $got"
+  elif [[ $got == "$want" ]]; then
+    lab_ok "$desc"
+  else
+    lab_not_ok "$desc: got '$got', want '$want'"
+  fi
+}
+
+# lab_is_key STRING: STRING is a reservation key as the helpers print it (0x and 1-16 lowercase hex
+# digits). An empty string is not a key, so an unset key never "matches" a read.
+lab_is_key() { [[ $1 =~ ^0x[0-9a-f]{1,16}$ ]]; }
+
+# lab_expect_key DESCRIPTION KEY COMMAND...: as lab_expect_read with WANT=KEY, and KEY must be a key:
+# a key that was never learnt (an empty string from a failed read) fails the check.
+lab_expect_key() {
+  if lab_is_key "$2"; then
+    lab_expect_read "$@"
+  else
+    lab_not_ok "$1: the expected key '$2' is not a key"
+  fi
+}
+
 lab_done() {
   printf '%d passed, %d failed\n' "$lab_checks_passed" "$lab_checks_failed"
   ((lab_checks_failed == 0 && lab_checks_passed > 0))
@@ -58,14 +113,58 @@ lab_pr() {
   return "$rc"
 }
 
-# Registered keys, one per line, lowercase hex with 0x (one line per registration, i.e. per nexus).
-lab_keys() { lab_pr -k "$1" | awk '/^ *0x/ {print tolower($1)}'; }
-# "KEY TYPE-TEXT" of the reservation, or "none".
+# lab_keys DEV: the registered keys, one per line, lowercase hex with 0x (one line per registration,
+# i.e. per nexus). Fails (with the reason on stderr) when sg_persist fails or its answer is not a
+# READ KEYS report with as many keys as it announces: a failed read is never "no keys".
+lab_keys() {
+  local out
+  out=$(lab_pr -k "$1") || { echo "lab_keys: sg_persist -k $1 failed (exit $?)" >&2; return 1; }
+  awk -v dev="$1" '
+    /PR generation=0x[0-9a-fA-F]+, there are NO registered reservation keys/ { headers++; want = 0; next }
+    /PR generation=0x[0-9a-fA-F]+, [0-9]+ registered reservation keys? follows?:/ {
+      headers++; sub(/.*PR generation=0x[0-9a-fA-F]+, /, ""); want = $1 + 0; next
+    }
+    headers == 1 && /^ *0x[0-9a-fA-F]+ *$/ { keys[++got] = tolower($1); next }
+    END {
+      if (headers != 1 || got != want) {
+        printf "lab_keys: %s: not a READ KEYS report (%d headers, %d of %d keys)\n", dev, headers, got, want > "/dev/stderr"
+        exit 1
+      }
+      for (i = 1; i <= got; i++) print keys[i]
+    }' <<<"$out"
+}
+
+# lab_keyset DEV: the registered keys as one sorted line, each followed by a space ("" when none).
+lab_keyset() {
+  local keys
+  keys=$(lab_keys "$1") || return 1
+  [[ -z $keys ]] || sort <<<"$keys" | tr '\n' ' '
+}
+
+# lab_holder DEV: "KEY TYPE-TEXT" of the reservation, or "none". Fails (with the reason on stderr)
+# when sg_persist fails or its answer is not a READ RESERVATION report.
 lab_holder() {
-  lab_pr -r "$1" | awk '
-    /NO reservation/ { print "none"; exit }
-    /Key=/ { sub(/.*Key=/, ""); key = tolower($0) }
-    /type:/ { sub(/.*type: */, ""); print key, $0; exit }'
+  local out
+  out=$(lab_pr -r "$1") || { echo "lab_holder: sg_persist -r $1 failed (exit $?)" >&2; return 1; }
+  awk -v dev="$1" '
+    /PR generation=0x[0-9a-fA-F]+, there is NO reservation held/ { headers++; holder = "none"; next }
+    /PR generation=0x[0-9a-fA-F]+, Reservation follows:/ { headers++; held = 1; next }
+    held && /^ *Key=0x[0-9a-fA-F]+ *$/ { sub(/.*Key=/, ""); key = tolower($1); next }
+    held && key != "" && / type: / { sub(/.* type: */, ""); holder = key " " $0; held = 0; next }
+    END {
+      if (headers != 1 || holder == "") {
+        printf "lab_holder: %s: not a READ RESERVATION report\n", dev > "/dev/stderr"
+        exit 1
+      }
+      print holder
+    }' <<<"$out"
+}
+
+# lab_holder_key DEV: the key that holds the reservation, or "none" (fails as lab_holder does).
+lab_holder_key() {
+  local holder
+  holder=$(lab_holder "$1") || return 1
+  printf '%s\n' "${holder%% *}"
 }
 
 # lab_write DEV BLOCK TEXT: one 4 KiB O_DIRECT write of TEXT (padded with NULs) at 4 KiB block BLOCK.
@@ -79,6 +178,7 @@ lab_write() {
 }
 
 # lab_read DEV BLOCK: the text stored in a 4 KiB block (up to the first NUL), read with O_DIRECT.
+# Fails when the read fails (dd's error on stderr): an unreadable block is not an empty one.
 lab_read() {
   dd if="$1" bs=4096 skip="$2" count=1 iflag=direct status=none | tr -d '\0'
 }
