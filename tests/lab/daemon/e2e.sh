@@ -29,7 +29,7 @@ a_dev=$(lab_dev A "$first_lu") b_dev=$(lab_dev B "$first_lu")
 block0=1000
 
 rm -rf "$BF"
-bf_clear $db_lus $shared_lu
+lab_expect "the LUs are cleared first" bf_clear $db_lus $shared_lu
 # Records of an earlier run in this boot must not pass for this run's.
 dd if=/dev/zero of="$a_dev" bs=4096 seek="$block0" count=600 oflag=direct status=none
 bf_config A 1 "$preempt" "$db_lus" "$shared_lu" "${interval_ms}ms" 3s
@@ -38,16 +38,17 @@ a_binary=$BLKFENCED
 [[ $mode == mutant ]] && a_binary=${BLKFENCED_MUTANT:?BLKFENCED_MUTANT names blkfenced_mutant_reregister}
 lab_expect "A's daemon starts" bf_start A "$a_binary"
 lab_expect "B's daemon starts" bf_start B
-lab_expect_eq "A's gate is closed at start" "$(bf_field A db gate_open)" false
+lab_expect_read "A's gate is closed at start" false bf_field A db gate_open
 lab_expect_eq "no token file on A" "$(ls "$BF/A/run")" "control.sock"
 
 # --- 1. failover ---------------------------------------------------------------------------------
 lab_expect "A acquires db" bf_ctl A acquire db --timeout 30s
 key_a=$(bf_field A db key) epoch_a=$(bf_field A db epoch)
 lab_log "A holds with $key_a (epoch $epoch_a)"
-lab_expect_eq "A's token file holds its key" "$(cat "$BF/A/run/db.token" 2>&1)" "$key_a"
-lab_expect_eq "A's key is the only key on every LU (read by B)" "$(bf_keys_everywhere $db_lus)" "$key_a "
-lab_expect_eq "A holds LU $first_lu (read by B)" "$(lab_holder "$b_dev" | cut -d' ' -f1)" "$key_a"
+lab_expect "A's status names its key ('$key_a')" lab_is_key "$key_a"
+lab_expect_key "A's token file holds its key" "$key_a" cat "$BF/A/run/db.token"
+lab_expect_read "A's key is the only key on every LU (read by B)" "$key_a " bf_keys_everywhere $db_lus
+lab_expect_key "A holds LU $first_lu (read by B)" "$key_a" lab_holder_key "$b_dev"
 lab_expect_eq "gate check on A says open" "$(bf_ctl A gate check db >/dev/null 2>&1; echo $?)" 0
 lab_expect_eq "gate check on B says closed" "$(bf_ctl B gate check db >/dev/null 2>&1; echo $?)" 1
 
@@ -70,9 +71,10 @@ t_acquire=$EPOCHREALTIME
 bf_ctl B acquire db --timeout 30s --json >"$BF/B/acquire.json"
 lab_expect_eq "B acquires db while A is frozen" "$?" 0
 key_b=$(bf_field B db key) epoch_b=$(bf_field B db epoch)
+lab_expect "B's status names its key ('$key_b')" lab_is_key "$key_b"
 lab_log "B holds with $key_b (epoch $epoch_b) after $(awk -v a="$t_acquire" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", b - a }') s (in the daemon: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["elapsed_ms"])' "$BF/B/acquire.json") ms)"
 lab_expect "B's epoch is above A's" test "$epoch_b" -gt "$epoch_a"
-lab_expect_eq "B's key is the only key on every LU" "$(bf_keys_everywhere $db_lus)" "$key_b "
+lab_expect_read "B's key is the only key on every LU" "$key_b " bf_keys_everywhere $db_lus
 lab_expect "B writes" lab_write "$b_dev" "$block0" "blkfence-lab node=B epoch=$epoch_b marker"
 
 kill -CONT -- "-$writer_pid"
@@ -89,11 +91,16 @@ if [[ $mode == mutant ]]; then
   # PREEMPT that meets A's next re-registration in the target is LIO's PR OUT deadlock
   # (tests/lab/README.md, "Limits"), which a broken node driven this way hits within minutes. So
   # B's daemon stops first; its key stays the holder, and A's re-registrations meet no preempt.
+  # Caught means A's key (a real key: an empty one would match any answer) read back on a LU; a
+  # read that fails ends the wait as a failed check, never as "not back yet".
   bf_stop B
   kill -CONT "$a_pid"
-  caught=no
+  caught=no keys=""
+  lab_is_key "$key_a" || caught="no key of A's to look for ('$key_a')"
   for ((try = 0; try < 50; try++)); do
-    [[ $(bf_keys_everywhere $db_lus) == *"$key_a"* ]] && { caught=yes; break; }
+    [[ $caught == no ]] || break
+    lab_capture keys bf_keys_everywhere $db_lus || { caught=$keys; break; }
+    [[ " $keys" == *" $key_a "* ]] && { caught=yes; break; }
     sleep 0.1
   done
   bf_stop A
@@ -101,19 +108,18 @@ if [[ $mode == mutant ]]; then
   wait "$run_pid" 2>/dev/null
   lab_log "mutant: A's key back on the LUs: $caught"
   lab_expect_eq "the mutant is caught by S5 (A's key came back on the LUs after the fence)" "$caught" yes
-  bf_clear $db_lus $shared_lu
+  lab_expect "the LUs are cleared" bf_clear $db_lus $shared_lu
   lab_done
   exit
 fi
 t_resume=$EPOCHREALTIME
 kill -CONT "$a_pid"
 lab_expect "A's daemon reports fenced" bf_await A db state fenced
-keys_at_fence=$(bf_keys_everywhere $db_lus)
-strays_of_b() { bf_ctl B metrics | awk '$1 ~ /^blkfence_strays_preempted_total\{resource="db"\}/ { print $2 }'; }
+lab_expect_read "S5: A's key was not on any LU at the fence" "$key_b " bf_keys_everywhere $db_lus
 # When A's daemon decided: its log line (stamped with CLOCK_REALTIME, like EPOCHREALTIME). The
 # round that saw the fence took the monitor's own round-trip time (its metrics).
 t_fenced=$(awk '/ db: fenced: / { gsub(/^<[0-9]>\[|\].*$/, ""); print; exit }' "$BF/A/log")
-rtt_ms=$(bf_ctl A metrics | awk '$1 ~ /^blkfence_check_latency_seconds_max\{resource="db"\}/ { printf "%d", $2 * 1000 + 0.5 }')
+rtt_ms=$(bf_metric A 'blkfence_check_latency_seconds_max{resource="db"}' | awk '{ printf "%d", $1 * 1000 + 0.5 }')
 if [[ -n $t_fenced && -n $rtt_ms ]]; then
   detection_ms=$(awk -v a="$t_resume" -v b="$t_fenced" 'BEGIN { printf "%d", (b - a) * 1000 }')
   lab_log "detection: A reported fenced $detection_ms ms after it resumed (check_interval $interval_ms ms, slowest round trip $rtt_ms ms)"
@@ -122,8 +128,8 @@ if [[ -n $t_fenced && -n $rtt_ms ]]; then
 else
   lab_not_ok "no fenced event in A's watch, or no round-trip metric ('$t_fenced' '$rtt_ms')"
 fi
-lab_expect_eq "A reports B's key as the one that fenced it" "$(bf_field A db fenced_by)" "$key_b"
-lab_expect_eq "A's gate is closed" "$(bf_field A db gate_open)" false
+lab_expect_key "A reports B's key as the one that fenced it" "$key_b" bf_field A db fenced_by
+lab_expect_read "A's gate is closed" false bf_field A db gate_open
 lab_expect "A's token file is gone" test ! -e "$BF/A/run/db.token"
 for ((try = 0; try < 100; try++)); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$run_pid" 2>/dev/null; then
@@ -136,46 +142,44 @@ lab_expect "the writer is gone" test ! -d "/proc/$writer_pid"
 lab_expect "on_fenced ran with the reason and A's key" grep -qx "fenced $key_a" "$BF/A/on_fenced"
 
 # S5: A does not register again, over several of its monitor rounds.
-bf_await_checks A db 4 >/dev/null
-s5_keys=$(bf_keys_everywhere $db_lus)
-strays_b=$(strays_of_b)
+lab_expect "A's daemon finishes 4 more monitor rounds" bf_await_checks A db 4
+lab_expect_read "S5: A's key stays off every LU" "$key_b " bf_keys_everywhere $db_lus
+lab_expect_read "S5: B never had to preempt a key of A's" 0 bf_metric B 'blkfence_strays_preempted_total{resource="db"}'
 # A straggler: a write from A's nexus with A's old epoch, as a writer that the gate did not stop in
 # time would issue. The target must refuse it, since A's key stays unregistered (S5 => S1).
 straggler=$(lab_write "$a_dev" $((block0 + last_issued + 40)) "blkfence-lab node=A epoch=$epoch_a seq=straggler") &&
   straggler="the write landed"
 
-# S1: nothing of A's epoch issued after the freeze is on the LU (read through B's nexus).
-landed_after=""
+# S1: nothing of A's epoch issued after the freeze is on the LU (read through B's nexus). A block
+# that cannot be read is not one without A's record: it fails the check.
+landed_after="" record=""
 for ((seq = last_issued + 1; seq <= last_issued + 50; seq++)); do
-  record=$(lab_read "$b_dev" $((block0 + seq)))
+  lab_capture record lab_read "$b_dev" $((block0 + seq)) || { landed_after+=" $seq($record)"; continue; }
   [[ $record == *"node=A epoch=$epoch_a"* ]] && landed_after+=" $seq"
 done
-lab_expect_eq "S1: B still reads its marker" "$(lab_read "$b_dev" "$block0")" "blkfence-lab node=B epoch=$epoch_b marker"
+lab_expect_read "S1: B still reads its marker" "blkfence-lab node=B epoch=$epoch_b marker" lab_read "$b_dev" "$block0"
 lab_expect_eq "the target refuses A's straggler write" "$straggler" "Invalid exchange"
 lab_expect_eq "S1: no record of A's epoch landed after the freeze${landed_after:+ (landed:$landed_after)}" "${landed_after:-none}" none
-lab_expect_eq "S5: A's key stays off every LU" "$s5_keys" "$key_b "
-lab_expect_eq "S5: ... and was not there at the fence either" "$keys_at_fence" "$key_b "
-lab_expect_eq "S5: B never had to preempt a key of A's" "$strays_b" 0
 
 # --- 2. restarts ---------------------------------------------------------------------------------
 bf_stop A
 lab_expect "A's daemon restarts" bf_start A
-lab_expect_eq "restarted A is released, not holding" "$(bf_field A db state)" released
-lab_expect_eq "S5: restarted A registered nothing" "$(bf_keys_everywhere $db_lus)" "$key_b "
+lab_expect_read "restarted A is released, not holding" released bf_field A db state
+lab_expect_read "S5: restarted A registered nothing" "$key_b " bf_keys_everywhere $db_lus
 lab_expect_eq "S3: A's persisted epoch is still $epoch_a" "$(cat "$BF/A/state/db.epoch")" "$epoch_a"
 bf_stop B
 lab_expect "B's daemon restarts" bf_start B
-lab_expect_eq "restarted B adopts its verified key" "$(bf_field B db key)" "$key_b"
-lab_expect_eq "restarted B's gate is open" "$(bf_field B db gate_open)" true
-lab_expect_eq "restarted B's token file" "$(cat "$BF/B/run/db.token" 2>&1)" "$key_b"
+lab_expect_key "restarted B adopts its verified key" "$key_b" bf_field B db key
+lab_expect_read "restarted B's gate is open" true bf_field B db gate_open
+lab_expect_key "restarted B's token file" "$key_b" cat "$BF/B/run/db.token"
 
 # --- 3. racing acquires --------------------------------------------------------------------------
 lab_expect "B releases db" bf_ctl B release db --timeout 30s
-lab_expect_eq "released B's gate is closed" "$(bf_field B db gate_open)" false
+lab_expect_read "released B's gate is closed" false bf_field B db gate_open
 lab_expect "released B's token file is gone" test ! -e "$BF/B/run/db.token"
 # The reservation is not dropped: a LU without one would let any nexus write (docs/protocol.md).
-lab_expect_eq "B's released key still holds every LU" "$(bf_holders_everywhere $db_lus)" "$key_b "
-lab_expect_eq "... and is the only key" "$(bf_keys_everywhere $db_lus)" "$key_b "
+lab_expect_read "B's released key still holds every LU" "$key_b " bf_holders_everywhere $db_lus
+lab_expect_read "... and is the only key" "$key_b " bf_keys_everywhere $db_lus
 lab_expect_eq "S3: B's persisted epoch moved one past it" "$(cat "$BF/B/state/db.epoch")" "$((epoch_b + 1))"
 bf_stop B
 lab_expect "B's daemon restarts after the release" bf_start B
@@ -193,16 +197,16 @@ clean=no
 [[ ($rc_a == 0 || $rc_a == 4) && ($rc_b == 0 || $rc_b == 4) && ($rc_a == 0 || $rc_b == 0) ]] && clean=yes
 lab_expect_eq "each racing acquire succeeded or lost cleanly (exit 0 or 4), one at least succeeded" "$clean" yes
 # The holder is whoever the LUs say; the other node's gate closes within its next check.
-holder=$(lab_holder "$a_dev" | cut -d' ' -f1)
+holder=$(lab_holder_key "$a_dev")
 winner=A loser=B
 [[ $holder == "$(bf_field B db key)" ]] && winner=B loser=A
 key_w=$(bf_field "$winner" db key)
-lab_expect_eq "the LU's holder is one of the racers" "$holder" "$key_w"
+lab_expect_key "the LU's holder is one of the racers ($winner)" "$key_w" lab_holder_key "$a_dev"
 lab_expect "the other racer's gate is closed" bf_await "$loser" db gate_open false
 lab_expect_eq "exactly one gate is open: $winner's" \
   "$(bf_field A db gate_open) $(bf_field B db gate_open)" "$([[ $winner == A ]] && echo "true false" || echo "false true")"
 lab_expect_eq "exactly one token file" "$(ls "$BF"/A/run/db.token "$BF"/B/run/db.token 2>/dev/null)" "$BF/$winner/run/db.token"
-lab_expect_eq "the winner's key is the only key on every LU" "$(bf_keys_everywhere $db_lus)" "$key_w "
+lab_expect_read "the winner's key is the only key on every LU" "$key_w " bf_keys_everywhere $db_lus
 lab_expect "S3: the winner's epoch is above every earlier one" test "$(bf_field "$winner" db epoch)" -gt "$epoch_b"
 
 # --- 4. shared mode ------------------------------------------------------------------------------
@@ -217,7 +221,7 @@ if [[ -n $shared_lu ]]; then
   lab_expect_eq "the target refuses B's write" "$error" "Invalid exchange"
   lab_expect "A still writes" lab_write "$a_log" 2 "A after the fence"
   lab_expect "B's daemon reports fenced on logs" bf_await B logs state fenced
-  lab_expect_eq "B's logs gate is closed" "$(bf_field B logs gate_open)" false
+  lab_expect_read "B's logs gate is closed" false bf_field B logs gate_open
 fi
 
 # --- 5. storage unreachable (iSCSI) --------------------------------------------------------------
@@ -233,11 +237,12 @@ if [[ $LAB_FABRIC == iscsi ]]; then
   # its round trip) before the session went; a round in flight then ends only at command_timeout.
   lab_expect "the gate closes about one lease after contact is lost" \
     test "$lost_ms" -ge $((3000 - interval_ms - 1000)) -a "$lost_ms" -le $((3000 + 2000))
-  lab_expect_eq "A's gate is closed" "$(bf_field A db gate_open)" false
+  lab_expect_read "A's gate is closed" false bf_field A db gate_open
   lab_expect "A's token file is gone" test ! -e "$BF/A/run/db.token"
 fi
 
 bf_stop A
 bf_stop B
-bf_clear $db_lus $shared_lu
+# Through B: over iSCSI, step 5 logged A's session out.
+lab_expect "the LUs are cleared" bf_clear --via B $db_lus $shared_lu
 lab_done

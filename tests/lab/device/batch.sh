@@ -9,6 +9,7 @@ transport=${1:?transport}
 ka=0x6c9d0001000000c1 kb=0x6c9d0002000000c2
 mapfile -t a_devs < <(awk -F'\t' '$1 == "A" {print $5}' "$BLKFENCE_LAB_MAP")
 mapfile -t b_devs < <(awk -F'\t' '$1 == "B" {print $5}' "$BLKFENCE_LAB_MAP")
+lab_expect_eq "the map lists every LU for A and for B" "${#a_devs[@]} ${#b_devs[@]}" "$LAB_LUNS $LAB_LUNS"
 ctl() { "$BLKFENCECTL" device "$@" --transport "$transport"; }
 # Both nexuses of every LU may hold a unit attention from earlier checks; take them first.
 for dev in "${a_devs[@]}" "${b_devs[@]}"; do lab_pr -k "$dev" >/dev/null 2>&1; done
@@ -23,10 +24,13 @@ lab_log "B preempted A on ${#b_devs[@]} LUs in $(awk -v a="$start" -v b="$EPOCHR
 lab_expect_eq "the preempt succeeded on every LU" \
   "$(python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["exit"], sum(l["ok"] for l in d["lus"]))' <<<"$json")" \
   "0 ${#b_devs[@]}"
-bad=""
-for i in "${!a_devs[@]}"; do
-  [[ $(lab_keys "${a_devs[$i]}" 2>/dev/null | tr '\n' ' ') == "$kb " ]] || bad+=" ${a_devs[$i]}"
-  [[ $(lab_holder "${a_devs[$i]}" 2>/dev/null) == "$kb "* ]] || bad+=" ${a_devs[$i]}:holder"
+# A LU that cannot be read is listed with the reason, like one with the wrong keys.
+bad="" keys="" holder=""
+for dev in "${a_devs[@]}"; do
+  lab_capture keys lab_keyset "$dev"
+  [[ $keys == "$kb " ]] || bad+=" $dev:keys=$keys"
+  lab_capture holder lab_holder "$dev"
+  [[ $holder == "$kb "* ]] || bad+=" $dev:holder=$holder"
 done
 lab_expect_eq "sg_persist from A: only B's key, B holds, on every LU" "$bad" ""
 lab_expect "B clears every LU at once" ctl clear --key "$kb" "${b_devs[@]}"

@@ -14,23 +14,23 @@ we_ro="Write Exclusive, registrants only"
 lab_log "LU $lu: A is $a, B is $b ($LAB_FABRIC)"
 lab_expect "A registers $key_a" lab_pr --out --register-ignore --param-sark="$key_a" "$a"
 lab_expect "B registers $key_b" lab_pr --out --register-ignore --param-sark="$key_b" "$b"
-lab_expect_eq "B reads both keys" "$(lab_keys "$b" | sort | tr '\n' ' ')" "$key_a $key_b "
+lab_expect_read "B reads both keys" "$key_a $key_b " lab_keyset "$b"
 lab_expect "A reserves type 5" lab_pr --out --reserve --param-rk="$key_a" --prout-type=5 "$a"
-lab_expect_eq "B reads A as holder" "$(lab_holder "$b")" "$key_a $we_ro"
+lab_expect_read "B reads A as holder" "$key_a $we_ro" lab_holder "$b"
 lab_expect "A (holder) writes" lab_write "$a" 0 "A epoch 1"
 
 lab_log "B preempts A"
 lab_expect "B preempts A" lab_pr --out --preempt --param-rk="$key_b" --param-sark="$key_a" --prout-type=5 "$b"
-lab_expect_eq "A reads only B's key" "$(lab_keys "$a" | tr '\n' ' ')" "$key_b "
-lab_expect_eq "B reads only B's key" "$(lab_keys "$b" | tr '\n' ' ')" "$key_b "
-lab_expect_eq "A reads B as holder" "$(lab_holder "$a")" "$key_b $we_ro"
-lab_expect_eq "B reads B as holder" "$(lab_holder "$b")" "$key_b $we_ro"
+lab_expect_read "A reads only B's key" "$key_b " lab_keyset "$a"
+lab_expect_read "B reads only B's key" "$key_b " lab_keyset "$b"
+lab_expect_read "A reads B as holder" "$key_b $we_ro" lab_holder "$a"
+lab_expect_read "B reads B as holder" "$key_b $we_ro" lab_holder "$b"
 
 error=$(lab_write "$a" 0 "A epoch 1, after the preempt") && error="the write succeeded"
 lab_log "A writes after the preempt: $error"
 lab_expect_eq "the target refuses A's write with EBADE" "$error" "Invalid exchange"
 lab_expect "B (new holder) writes" lab_write "$b" 0 "B epoch 2"
-lab_expect_eq "A reads B's data, not its own" "$(lab_read "$a" 0)" "B epoch 2"
+lab_expect_read "A reads B's data, not its own" "B epoch 2" lab_read "$a" 0
 
 # Leave the LU clean for the next check in the same boot.
 lab_pr --out --clear --param-rk="$key_b" "$b" >/dev/null

@@ -47,8 +47,8 @@ done
 lab_expect_eq "every writer of A stopped within 60 s" "$stopped" 1
 lab_expect_eq "every writer ended with EBADE" \
   "$(for w in 0 1 2 3; do sed -n 's/.*: //p' "$work/err.$w" | tail -n 1; done | sort -u)" "Invalid exchange"
-lab_expect_eq "only B's key is registered" "$(lab_keys "$b" | tr '\n' ' ')" "$key_b "
-lab_expect_eq "B holds" "$(lab_holder "$a")" "$key_b Write Exclusive, registrants only"
+lab_expect_read "only B's key is registered" "$key_b " lab_keyset "$b"
+lab_expect_read "B holds" "$key_b Write Exclusive, registrants only" lab_holder "$a"
 lab_expect "B writes" lab_write "$b" 0 "B after abort"
 
 lab_pr --out --clear --param-rk="$key_b" "$b" >/dev/null

@@ -16,7 +16,7 @@ bf_config A 1 "$preempt" "$db_lus" "" 500ms 3s
 bf_config B 2 "$preempt" "$db_lus" "" 500ms 3s
 lab_expect "A's daemon starts" bf_start A
 lab_expect "B's daemon starts" bf_start B
-bad="" wins_a=0 wins_b=0
+bad="" wins_a=0 wins_b=0 holder="" keys=""
 for ((round = 1; round <= rounds; round++)); do
   bf_ctl A acquire db --timeout 30s >/dev/null 2>&1 &
   race_a=$!
@@ -26,12 +26,13 @@ for ((round = 1; round <= rounds; round++)); do
   wait "$race_b"; rc_b=$?
   [[ ($rc_a == 0 || $rc_a == 4) && ($rc_b == 0 || $rc_b == 4) && ($rc_a == 0 || $rc_b == 0) ]] ||
     { bad="round $round: A exited $rc_a, B exited $rc_b"; break; }
-  holder=$(bf_holders_everywhere $db_lus)
+  lab_capture holder bf_holders_everywhere $db_lus || { bad="round $round: $holder"; break; }
   winner=A loser=B
   [[ $holder == "$(bf_field B db key) " ]] && winner=B loser=A
   [[ $holder == "$(bf_field "$winner" db key) " ]] || { bad="round $round: holders '$holder' are not one racer's key"; break; }
   bf_await "$loser" db gate_open false >/dev/null || { bad="round $round: $loser's gate stays open"; break; }
-  [[ $(bf_keys_everywhere $db_lus) == "$holder" ]] || { bad="round $round: keys '$(bf_keys_everywhere $db_lus)' beside holder $holder"; break; }
+  lab_capture keys bf_keys_everywhere $db_lus || { bad="round $round: $keys"; break; }
+  [[ $keys == "$holder" ]] || { bad="round $round: keys '$keys' beside holder $holder"; break; }
   [[ $winner == A ]] && wins_a=$((wins_a + 1)) || wins_b=$((wins_b + 1))
   ((round % 10 == 0)) && lab_log "round $round: A won $wins_a, B won $wins_b"
 done
