@@ -6,9 +6,9 @@
 # two nodes' paths to one LU share its directory; a partition gets no name; a remove event takes a
 # path's link away; and a dm-multipath map built over both nodes' paths of LU 0, with the UUID
 # multipath would give it (mpath- + scsi_id's ID_SERIAL, "3" + the NAA digits), is named
-# /dev/blkfence/mpath/ID_SERIAL (without dm_multipath that check fails, as daemon/hotplug does).
-# There is no udevd in the guest: `udevadm test` runs the rules itself. Leaves no partition table and
-# no map behind.
+# /dev/blkfence/mpath/ID_SERIAL (without dm_multipath that check fails, as
+# tests/lab/daemon/hotplug.sh does). There is no udevd in the guest: `udevadm test` runs the rules
+# itself. Leaves no partition table and no map behind.
 #   usage: udev.sh [LU...]     (default: LUs 0 and 1, or 0 alone in a one-LU topology)
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
@@ -83,7 +83,7 @@ lab_expect_eq "remove: A's link is gone, the other $((2 * LAB_NODES - 1)) stay" 
   " $((2 * LAB_NODES - 1))"
 
 # dm-multipath over every node's path of the first LU, named the way multipathd names it. Without
-# dm_multipath the check fails, as daemon/hotplug fails: it is never skipped in silence.
+# dm_multipath the check fails, as tests/lab/daemon/hotplug.sh fails: never skipped in silence.
 if ! modprobe dm_multipath || ! modprobe dm_round_robin; then
   lab_not_ok "the multipath naming check needs dm_multipath and dm_round_robin, which do not load"
 else
