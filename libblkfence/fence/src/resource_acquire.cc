@@ -109,7 +109,7 @@ void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
           acquire_failed(key, "register: " + error, at);
           return;
         }
-        acquire_take(key, std::move(reads), round, at);
+        acquire_take(key, std::move(reads), false, round, at);
       });
 }
 
@@ -129,7 +129,7 @@ codec::PrOutCommand Resource::take_command(Key key, std::uint64_t victim) const 
                                 : codec::prout_preempt(key.value(), victim, options_.type);
 }
 
-void Resource::acquire_take(Key key, Reads reads, int round, Time now) {
+void Resource::acquire_take(Key key, Reads reads, bool registered, int round, Time now) {
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     // A key of another node of this cluster with an epoch as high as ours holds: it registered
     // after our read, and it may well have opened its gate already. Taking over with our key
@@ -159,8 +159,10 @@ void Resource::acquire_take(Key key, Reads reads, int round, Time now) {
     // An older key of our own holds (an acquire after lost contact, or after one that failed past
     // this step): the register step moved our holding nexus to the new key, so there is nothing
     // left to preempt (a PREEMPT of the old key would find no registration and conflict).
-    // RESERVE, on the first path as every take, is GOOD for the holder.
-    if (holder && !ours(*holder)) {
+    // RESERVE, on the first path as every take, is GOOD for the holder. But when it still holds
+    // after our REGISTERs executed, it holds through a nexus this node no longer has (a path that
+    // went away), which RESERVE cannot move: preempt it like any holder.
+    if (holder && (!ours(*holder) || registered)) {
       requests.push_back(
           pr::prout_first_path(options_.lus[i], take_command(key, *holder),
                                options_.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT"));
@@ -250,7 +252,7 @@ void Resource::acquire_verify(Key key, int round, Time now) {
         return;
       }
       if (retake) {
-        acquire_take(key, std::move(reads), round + 1, at);
+        acquire_take(key, std::move(reads), true, round + 1, at);
       } else {
         acquire_preempt_others(key, reads, round + 1, at);
       }

@@ -128,6 +128,19 @@ void Resource::register_new_paths(Time now) {
 void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
                                     Time now) {
   read_all(true, now, [this, key, paths = std::move(paths)](const Reads& reads, Time at) {
+    if (!reads.ok()) {
+      // What the REGISTERs did is unknown, and so is whether a new path is really new: one that
+      // went away and came back may be the nexus holding the reservation, and unregistering it
+      // would drop the reservation (S4: no decision without reading). The monitor reads again
+      // now: a fence removed every registration of the key, a late REGISTER leaves a stray that
+      // the holder removes, and if the key is current the new paths are registered.
+      next_check_ = at;
+      keys_next_ = true;
+      end(fail(ErrorCode::kIndeterminate,
+               "new paths: reading back after registering failed: " + reads.errors(options_.lus)),
+          at);
+      return;
+    }
     const bool current = key_current(reads, key);
     std::string names;
     for (const auto& [lu, path] : paths) {

@@ -206,7 +206,8 @@ class Resource {
   // resource_acquire.cc: acquire and release (exclusive).
   void acquire_draw(Reads reads, int round, Time at);
   void acquire_register(Key key, Reads reads, int round, Time now);
-  void acquire_take(Key key, Reads reads, int round, Time now);
+  // registered: the reads were taken after our REGISTERs executed (the verify's), not before.
+  void acquire_take(Key key, Reads reads, bool registered, int round, Time now);
   void acquire_preempt_others(Key key, const Reads& reads, int round, Time now);
   void acquire_verify(Key key, int round, Time now);
   void acquire_succeeded(Key key, Time verified_since, Time now);
