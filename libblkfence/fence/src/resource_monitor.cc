@@ -129,13 +129,21 @@ void Resource::check_held(const Reads& reads, bool has_keys, Time started, Time 
     preempt_strays(reads, now);
   }
   if (state_ == State::kLostContact) {
-    reopen_after_lost_contact(reads, has_keys, started);
+    reopen_after_lost_contact(reads, has_keys, started, now);
   }
 }
 
 // Lost contact ends when a check sees our key as the holder again; the gate reopens only while it
-// is still the only registrant (keys read), as after a verified acquire.
-void Resource::reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started) {
+// is still the only registrant (keys read), as after a verified acquire, and only on a check
+// younger than the lease (a round slower than the lease would open the gate with its lease over:
+// S2; the next round decides).
+void Resource::reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started,
+                                         Time now) {
+  if (now - started >= options_.lease) {
+    keys_next_ = true;
+    detail_ = "contact is back, but the check took longer than the lease; the gate stays closed";
+    return;
+  }
   bool sole = has_keys;
   for (std::size_t i = 0; sole && i < reads.lus.size(); ++i) {
     sole = reads.others(i, key_->value()).empty();
