@@ -13,6 +13,8 @@
 
 #include "blkfence/codec/cdb.h"
 
+#include "answer.h"
+
 namespace blkfence::sim {
 namespace {
 
@@ -65,10 +67,10 @@ std::string outcome_text(const transport::SimOutcome& outcome) {
   }
 }
 
-// A PR OUT completion after which S4 wants a read: anything but GOOD, except the answers the
-// engine retries because the command did not execute (Command::not_executed).
+// A PR OUT completion after which S4 wants a read: anything but GOOD, except the answers that say
+// the command did not execute (answer::did_not_execute, the checker's own reading of the status).
 bool wants_read(const Command& command) {
-  return command.outcome != transport::Outcome::kGood && !command.not_executed;
+  return !answer::good(command) && !answer::did_not_execute(command);
 }
 
 // One node's view of its own history, in the order it happened.
@@ -180,6 +182,12 @@ Replay replay(const Run& run, std::vector<Violation>& violations) {
            "the replayed registrations of LU " + std::to_string(lu) + " differ from the target's",
            {}});
     }
+    if (holder[static_cast<transport::LuId>(lu)] != run.final_lus[lu].holder) {
+      violations.push_back(
+          {"checker",
+           "the replayed holder of LU " + std::to_string(lu) + " differs from the target's",
+           {}});
+    }
   }
   return out;
 }
@@ -289,7 +297,20 @@ void check_s2(const Run& run, std::vector<Violation>& violations) {
       }
       std::vector<std::string> lines{describe(entry), "LU " + std::to_string(lu) + " then: " +
                                                           lu_state_text(entry.target[lu])};
-      bool excused = false;
+      // What the verify read could not have seen must explain every difference: another node's
+      // PR OUT that executed GOOD on the LU in (v, t] and made it.
+      const LuState& state = entry.target[lu];
+      const std::uint64_t key = *entry.key;
+      bool holder_explained = state.holder == key;
+      bool key_explained =
+          std::any_of(state.registrations.begin(), state.registrations.end(),
+                      [key](const transport::SimRegistration& r) { return r.key == key; });
+      std::set<std::uint64_t> intruders;
+      for (const auto& registration : state.registrations) {
+        if (registration.key != key) {
+          intruders.insert(registration.key);
+        }
+      }
       for (const PrOutRecord& record : run.target->prouts) {
         if (record.lu != lu || record.at > entry.at) {
           continue;
@@ -297,11 +318,25 @@ void check_s2(const Run& run, std::vector<Violation>& violations) {
         if (record.at + run.lease >= entry.verified_since) {
           lines.push_back(describe(run, record));
         }
-        if (record.at > entry.verified_since && record.outcome.status == 0 &&
-            node_of(run, record.nexus) != entry.node) {
-          excused = true;
+        if (record.at <= entry.verified_since || record.outcome.status != 0 ||
+            node_of(run, record.nexus) == entry.node) {
+          continue;
+        }
+        const bool registration =
+            record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
+            record.service_action ==
+                static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+        if (registration) {
+          intruders.erase(record.sa_key);
+        }
+        if (!record.unregistered.empty()) {
+          key_explained = true;
+        }
+        if (!record.reservation || record.reservation->key != key) {
+          holder_explained = true;
         }
       }
+      const bool excused = holder_explained && key_explained && intruders.empty();
       if (!excused) {
         violations.push_back({"S2",
                               "node " + std::to_string(entry.node) + " opened its gate with " +
@@ -341,10 +376,290 @@ void check_s2(const Run& run, std::vector<Violation>& violations) {
   }
 }
 
+// S2, continuously: a gate stays open only while the node's own reads keep showing its key as the
+// holder, and closes at the first of its monitor's reads that shows otherwise. The checker reads
+// the PR IN parameter data itself (answer.h). For each interval in which node N's gate is open
+// with key K (from the gate's opening to its closing, or to the end of the run):
+// (lease)  For every LU, let v(LU) be the submission time of the latest READ RESERVATION of N's
+//          current daemon on that LU that completed GOOD showing K as the holder, among those
+//          reaped so far. The gate is closed by D = min over the LUs of v(LU) + lease: at D
+//          itself, or, when N is paused at D (its daemon cannot act), at the moment it resumes. A
+//          read reaped at that moment still counts, as the daemon handles its answers before its
+//          timers. A gate that opens with some LU lacking such a read breaks it at once.
+// (reveal) A round of N's monitor (its PR INs submitted at one instant, each followed through the
+//          resubmissions of answers that say it did not execute) that completed GOOD everywhere
+//          and shows, on some LU, another holder or no reservation (READ RESERVATION) or K missing
+//          (READ KEYS), closes the gate when it completes: the gate is not open after the round's
+//          last answer was reaped. Rounds during which an operation of the resource ran (kBusy)
+//          are its own reads, not the monitor's, and are not judged.
+// Together: a preempt of N's key is acted on within one check interval plus the round trip of the
+// round that sees it, or, when no round gets through, within the lease of the last good one.
+struct GateSpan {
+  const Entry* open = nullptr;
+  const Entry* close = nullptr;  // nullptr: still open at the end
+  Time until{0};
+};
+
+struct NodeRecord {
+  std::vector<GateSpan> gates;
+  std::vector<std::pair<Time, Time>> pauses;  // [paused, resumed)
+  std::vector<const Entry*> busy;             // kBusy entries, in order
+  std::vector<const Entry*> boots;
+};
+
+std::map<std::uint16_t, NodeRecord> node_records(const Run& run) {
+  std::map<std::uint16_t, NodeRecord> out;
+  std::map<std::uint16_t, std::optional<Time>> paused;
+  for (const Entry& entry : run.trace) {
+    NodeRecord& node = out[entry.node];
+    switch (entry.kind) {
+      case EntryKind::kGate:
+        if (entry.open) {
+          if (node.gates.empty() || node.gates.back().close != nullptr ||
+              node.gates.back().open == nullptr) {
+            node.gates.push_back(GateSpan{&entry, nullptr, run.end});
+          }
+        } else if (!node.gates.empty() && node.gates.back().close == nullptr) {
+          node.gates.back().close = &entry;
+          node.gates.back().until = entry.at;
+        }
+        break;
+      case EntryKind::kPause: paused[entry.node] = entry.at; break;
+      case EntryKind::kResume:
+      case EntryKind::kCrash:
+        if (paused[entry.node]) {
+          node.pauses.emplace_back(*paused[entry.node], entry.at);
+          paused[entry.node].reset();
+        }
+        break;
+      case EntryKind::kBusy: node.busy.push_back(&entry); break;
+      case EntryKind::kBoot: node.boots.push_back(&entry); break;
+      default: break;
+    }
+  }
+  for (auto& [node, record] : out) {
+    if (paused[node]) {
+      record.pauses.emplace_back(*paused[node], run.end);
+    }
+  }
+  return out;
+}
+
+// When a daemon whose deadline is `at` acts on it: then, or when it resumes from a pause.
+Time acts_at(const NodeRecord& node, Time at) {
+  for (const auto& [from, to] : node.pauses) {
+    if (from < at && at < to) {
+      return to;
+    }
+  }
+  return at;
+}
+
+// The latest kBoot of the node at or before the sequence number.
+std::uint64_t boot_before(const NodeRecord& node, std::uint64_t seq) {
+  std::uint64_t boot = 0;
+  for (const Entry* entry : node.boots) {
+    if (entry->seq <= seq) {
+      boot = entry->seq;
+    }
+  }
+  return boot;
+}
+
+void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& node,
+                    std::vector<Violation>& violations) {
+  std::vector<const Command*> reads;  // READ RESERVATION answers of the node, in reaping order
+  for (const Command& command : run.commands) {
+    if (command.node == node_id && command.completed) {
+      const auto view = answer::view_of(command);
+      if (view && view->shows_reservation && view->holder) {
+        reads.push_back(&command);
+      }
+    }
+  }
+  std::sort(reads.begin(), reads.end(),
+            [](const Command* a, const Command* b) { return a->completed_seq < b->completed_seq; });
+  for (const GateSpan& span : node.gates) {
+    const std::uint64_t key = span.open->key.value_or(0);
+    const std::uint64_t boot = boot_before(node, span.open->seq);
+    std::vector<std::optional<Time>> latest(run.lus);
+    const auto deadline = [&]() -> std::optional<Time> {
+      Time at = Time::max();
+      for (const auto& v : latest) {
+        if (!v) {
+          return std::nullopt;
+        }
+        at = std::min(at, *v + run.lease);
+      }
+      return at;
+    };
+    const auto report = [&](const std::string& what, std::vector<std::string> lines) {
+      lines.insert(lines.begin(), describe(*span.open));
+      if (span.close != nullptr) {
+        lines.push_back(describe(*span.close));
+      }
+      violations.push_back({"S2", "node " + std::to_string(node_id) + "'s gate " + what, lines});
+    };
+    std::size_t next = 0;
+    for (; next < reads.size() && reads[next]->completed_seq < span.open->seq; ++next) {
+      const Command& read = *reads[next];
+      if (read.submitted_seq > boot && answer::view_of(read)->holder == key &&
+          read.lu < latest.size()) {
+        latest[read.lu] = std::max(latest[read.lu].value_or(Time{0}), read.submitted);
+      }
+    }
+    auto due = deadline();
+    if (!due) {
+      report("opened with " + format_key(key) +
+                 " without a read of its own showing that key as the holder of every LU",
+             {});
+      continue;
+    }
+    for (; next < reads.size() && reads[next]->completed_at <= span.until; ++next) {
+      const Command& read = *reads[next];
+      if (read.completed_at > acts_at(node, *due)) {
+        break;
+      }
+      if (answer::view_of(read)->holder == key && read.lu < latest.size()) {
+        latest[read.lu] = std::max(latest[read.lu].value_or(Time{0}), read.submitted);
+        due = deadline();
+      }
+    }
+    if (span.until > acts_at(node, *due)) {
+      report("stayed open until " + format_time(span.until) + ", past " +
+                 format_time(acts_at(node, *due)) + ": the lease (" + format_time(run.lease) +
+                 ") of its last read showing " + format_key(key) + " as the holder everywhere",
+             {});
+    }
+  }
+}
+
+// One monitor round of a node: its PR INs submitted at one instant, each replaced by its
+// resubmission after an answer that says it did not execute.
+struct Round {
+  std::vector<const Command*> reads;
+  std::uint64_t first_seq = 0;
+
+  bool good() const {
+    return std::all_of(reads.begin(), reads.end(),
+                       [](const Command* read) { return answer::good(*read); });
+  }
+  const Command& last() const {
+    return **std::max_element(reads.begin(), reads.end(), [](const Command* a, const Command* b) {
+      return a->completed_seq < b->completed_seq;
+    });
+  }
+  // The first read that shows `key` is not the holder, or not registered, on its LU.
+  const Command* reveals_loss(std::uint64_t key) const {
+    for (const Command* read : reads) {
+      const auto view = answer::view_of(*read);
+      if (view && ((view->shows_reservation && view->holder != key) ||
+                   (view->shows_keys &&
+                    std::find(view->keys.begin(), view->keys.end(), key) == view->keys.end()))) {
+        return read;
+      }
+    }
+    return nullptr;
+  }
+};
+
+std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
+  std::vector<const Command*> reads;
+  for (const Command& command : run.commands) {
+    if (command.node == node_id && command.is_prin()) {
+      reads.push_back(&command);
+    }
+  }
+  std::sort(reads.begin(), reads.end(),
+            [](const Command* a, const Command* b) { return a->submitted_seq < b->submitted_seq; });
+  std::vector<Round> rounds;
+  // (nexus, bytes) -> (round, slot) of a read that did not execute, awaiting its resubmission
+  std::map<std::pair<transport::NexusId, std::string>, std::pair<std::size_t, std::size_t>> retry;
+  for (const Command* read : reads) {
+    const auto key = std::pair(read->nexus, read->bytes);
+    std::pair<std::size_t, std::size_t> at;
+    const auto awaiting = retry.find(key);
+    if (awaiting != retry.end() &&
+        rounds[awaiting->second.first].reads[awaiting->second.second]->completed_seq <
+            read->submitted_seq) {
+      at = awaiting->second;
+      rounds[at.first].reads[at.second] = read;
+      retry.erase(awaiting);
+    } else {
+      if (rounds.empty() || rounds.back().reads.front()->submitted != read->submitted ||
+          rounds.back().reads.front()->boot != read->boot) {
+        rounds.push_back(Round{{}, read->submitted_seq});
+      }
+      at = {rounds.size() - 1, rounds.back().reads.size()};
+      rounds.back().reads.push_back(read);
+    }
+    if (read->completed && answer::did_not_execute(*read)) {
+      retry[key] = at;
+    }
+  }
+  return rounds;
+}
+
+// Whether the resource ran an operation at some moment between two sequence numbers.
+bool busy_between(const NodeRecord& node, std::uint64_t from, std::uint64_t to) {
+  bool busy = false;
+  for (const Entry* entry : node.busy) {
+    if (entry->seq <= from) {
+      busy = entry->open;
+    } else if (entry->seq <= to && entry->open) {
+      return true;
+    }
+  }
+  return busy;
+}
+
+void check_s2_reveal(const Run& run, std::uint16_t node_id, const NodeRecord& node,
+                     std::vector<Violation>& violations) {
+  const std::vector<Round> rounds = rounds_of(run, node_id);
+  for (const GateSpan& span : node.gates) {
+    const std::uint64_t key = span.open->key.value_or(0);
+    for (const Round& round : rounds) {
+      if (round.first_seq < span.open->seq || !round.good()) {
+        continue;
+      }
+      const Command& last = round.last();
+      const bool open_then = span.close == nullptr || span.close->seq > last.completed_seq;
+      const Command* shown = round.reveals_loss(key);
+      if (!open_then || shown == nullptr || span.until <= last.completed_at ||
+          busy_between(node, round.first_seq, last.completed_seq)) {
+        continue;
+      }
+      std::vector<std::string> lines{describe(*span.open), describe(run, *shown, true),
+                                     describe(run, last, true)};
+      if (span.close != nullptr) {
+        lines.push_back(describe(*span.close));
+      }
+      violations.push_back({"S2",
+                            "node " + std::to_string(node_id) + "'s monitor read that " +
+                                format_key(key) + " lost LU " + std::to_string(shown->lu) +
+                                ", and its gate stayed open after the round ended, until " +
+                                format_time(span.until),
+                            lines});
+      break;  // one report per gate
+    }
+  }
+}
+
+void check_s2_continuous(const Run& run, std::vector<Violation>& violations) {
+  for (const auto& [node_id, node] : node_records(run)) {
+    if (node_id == 0) {
+      continue;  // the world's own entries (the quiet phase)
+    }
+    check_s2_lease(run, node_id, node, violations);
+    check_s2_reveal(run, node_id, node, violations);
+  }
+}
+
 // S3 (epochs never go backwards, across restarts and LUN resets), in three parts.
 // (a) Each node's registrations: every acquire() call registers one key, and its epoch is greater
 //     than every epoch the node registered before, whatever restarts happened in between (the
-//     epoch store is the node's disk).
+//     epoch store is the node's disk). A new path registered with the key of the node's open gate
+//     (docs/protocol.md, paths) is that key again, not a new one.
 // (b) Every fresh acquisition (an Acquired event with a key the node did not hold just before:
 //     adopting one's own key at restart is not fresh) has an epoch greater than that of every
 //     other node's acquired key (one that had opened a gate) that held the reservation of any LU
@@ -369,10 +684,15 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
     // Key 0 is never registered by an acquire, so it stands for "none yet" (a plain integer:
     // GCC 12 at -O2 warns that an optional's value may be uninitialized here).
     std::uint64_t op_key = 0;
+    std::uint64_t open_with = 0;  // the key of the open gate, 0 when closed
     const Command* last = nullptr;
     for (const Step& step : node_steps) {
       if (step.entry && step.entry->kind == EntryKind::kAcquireCalled) {
         op_key = 0;
+        continue;
+      }
+      if (step.entry && step.entry->kind == EntryKind::kGate) {
+        open_with = step.entry->open ? step.entry->key.value_or(0) : 0;
         continue;
       }
       if (!step.command || step.completion || !step.command->registers()) {
@@ -380,8 +700,9 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
       }
       const Command& command = *step.command;
       const std::uint32_t epoch = epoch_of_key(command.sa_key);
-      if (op_key != 0 && op_key == command.sa_key) {
-        continue;  // the same acquire, another path or a retry
+      if ((op_key != 0 && op_key == command.sa_key) ||
+          (open_with != 0 && open_with == command.sa_key)) {
+        continue;  // the same acquire (another path or a retry), or a new path of the held key
       }
       // Within one acquire a new key is allowed only above the last (a re-draw when a racer's
       // equal epoch holds, docs/protocol.md); highest covers both.
@@ -390,7 +711,8 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
             {"S3",
              "node " + std::to_string(node) + " registered " + format_key(command.sa_key) +
                  (op_key != 0 ? " in the acquire that registered " + format_key(op_key)
-                              : " after having registered epoch " + std::to_string(*highest)),
+                  : highest   ? " after having registered epoch " + std::to_string(*highest)
+                              : std::string(", a key of another node")),
              {last ? describe(run, *last, false) : std::string("(no earlier registration)"),
               describe(run, command, false)}});
       }
@@ -513,72 +835,127 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
   }
 }
 
-// S4 (after an indeterminate result, no decision is taken without re-reading the state). In each
-// node's trace of commands, once a PR OUT completes (as the daemon reaped it) with anything that
-// may have executed or tells of a state the node did not expect (indeterminate, RESERVATION
-// CONFLICT, a transport or OS error, a CHECK CONDITION the engine does not retry), the node's
-// next PR OUT is submitted only after a PR IN that was submitted after that completion. The
-// engine's own resubmission of a command that did not execute (a unit attention, BUSY, ...) is
-// the same decision, not a new one.
+// Whether a PR IN can reveal what a PR OUT did: READ KEYS shows registrations (REGISTER and its
+// variants, PREEMPT, CLEAR), READ RESERVATION the reservation (RESERVE, RELEASE, PREEMPT, CLEAR),
+// READ FULL STATUS both.
+bool reveals(const Command& read, const Command& prout) {
+  const bool registrations = !prout.is(PrOutAction::kReserve) && !prout.is(PrOutAction::kRelease);
+  const bool reservation = !prout.is(PrOutAction::kRegister) &&
+                           !prout.is(PrOutAction::kRegisterAndIgnoreExistingKey) &&
+                           !prout.is(PrOutAction::kRegisterAndMove);
+  switch (read.action) {
+    case answer::kReadFullStatus: return true;
+    case answer::kReadKeys: return registrations;
+    case answer::kReadReservation: return reservation;
+    default: return false;
+  }
+}
+
+// S4 (after an indeterminate result, no decision is taken without re-reading). In each node's trace
+// of commands: once a PR OUT on LU L completes (as the daemon reaped it) with anything but GOOD
+// that does not say it did not execute (a timeout, RESERVATION CONFLICT, a transport or OS error,
+// any other CHECK CONDITION; the checker reads the status and sense itself, answer.h), the node's
+// next PR OUT on L is submitted only after a PR IN of L that was submitted after that completion,
+// completed GOOD, and could reveal that PR OUT's effect (reveals()). (Persistent reservations are
+// per LU: what happened on one LU decides nothing on another.) One decision needs
+// less: unregistering the node's own key (REGISTER with SERVICE ACTION RESERVATION KEY 0) harms
+// only where that key holds the reservation (it would drop it), so a READ RESERVATION of L suffices
+// for it. A restart does not clear the duty: the new daemon reads at start. Sending the same bytes
+// on the same nexus again after an answer that says the command did not execute is the same
+// decision (the engine's retry), not a new one.
 void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
+  struct Unread {
+    const Command* prout = nullptr;
+    bool holder_read = false;  // a READ RESERVATION of the LU since
+  };
   for (const auto& [node, node_steps] : steps) {
-    const Command* pending = nullptr;
+    std::map<transport::LuId, Unread> pending;
+    std::multiset<std::pair<transport::NexusId, std::string>> resubmittable;
     for (const Step& step : node_steps) {
       if (step.entry) {
+        if (step.entry->kind == EntryKind::kBoot) {
+          resubmittable.clear();
+        }
         continue;
       }
       const Command& command = *step.command;
       if (step.completion) {
-        if (command.is_prout() && wants_read(command)) {
-          pending = &command;
+        if (command.is_prout() && answer::did_not_execute(command)) {
+          resubmittable.emplace(command.nexus, command.bytes);
+        } else if (command.is_prout() && wants_read(command)) {
+          pending[command.lu] = Unread{&command, false};
+        } else if (command.is_prin() && answer::good(command)) {
+          const auto found = pending.find(command.lu);
+          if (found == pending.end() ||
+              command.submitted_seq < found->second.prout->completed_seq) {
+            continue;
+          }
+          if (reveals(command, *found->second.prout)) {
+            pending.erase(found);
+          } else if (command.action == answer::kReadReservation) {
+            found->second.holder_read = true;
+          }
         }
         continue;
       }
-      if (command.is_prin()) {
-        pending = nullptr;
+      if (!command.is_prout()) {
         continue;
       }
-      if (command.is_prout() && pending && !command.retry) {
-        violations.push_back(
-            {"S4",
-             "node " + std::to_string(node) + " sent a PR OUT after one " + "completed " +
-                 std::string(transport::to_string(pending->outcome)) + " without reading first",
-             {describe(run, *pending, true), describe(run, command, false)}});
-        pending = nullptr;  // one report per lapse
+      if (const auto same = resubmittable.find({command.nexus, command.bytes});
+          same != resubmittable.end()) {
+        resubmittable.erase(same);
+        continue;
+      }
+      const bool unregister = command.is(PrOutAction::kRegister) && command.sa_key == 0;
+      const auto unread = pending.find(command.lu);
+      if (unread != pending.end() && !(unregister && unread->second.holder_read)) {
+        const Command& prout = *unread->second.prout;
+        violations.push_back({"S4",
+                              "node " + std::to_string(node) + " sent a PR OUT on LU " +
+                                  std::to_string(prout.lu) + " after one there completed " +
+                                  std::string(transport::to_string(prout.outcome)) +
+                                  " without a read of that LU that could show what it did",
+                              {describe(run, prout, true), describe(run, command, false)}});
+        pending.erase(unread);  // one report per lapse
       }
     }
   }
 }
 
-// S5 (a fenced node never re-registers by itself). In each node's trace: after a Fenced event, and
-// after every daemon start (whether it adopted its key or not), no REGISTER or REGISTER AND
-// IGNORE EXISTING KEY that puts a key in place is submitted from its nexuses until the driver
-// next calls acquire() on it.
+// S5 (a fenced node never re-registers by itself; docs/protocol.md). In each node's trace: after a
+// Fenced event, and after every daemon start (whether it adopted its key or not), no REGISTER or
+// REGISTER AND IGNORE EXISTING KEY that puts a key in place is submitted from its nexuses until the
+// driver next calls acquire() on it, except the registration of a new path with the key the node
+// holds and has verified: its gate is open with that very key when the REGISTER goes out.
 void check_s5(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
   for (const auto& [node, node_steps] : steps) {
     const Entry* since = nullptr;
     bool forbidden = true;
+    std::optional<std::uint64_t> open_with;  // the key of the open gate
     for (const Step& step : node_steps) {
       if (step.entry) {
-        if (step.entry->kind == EntryKind::kBoot ||
-            (step.entry->kind == EntryKind::kEvent &&
-             step.entry->event == fence::EventKind::kFenced)) {
+        const Entry& entry = *step.entry;
+        if (entry.kind == EntryKind::kBoot ||
+            (entry.kind == EntryKind::kEvent && entry.event == fence::EventKind::kFenced)) {
           forbidden = true;
-          since = step.entry;
-        } else if (step.entry->kind == EntryKind::kAcquireCalled) {
+          since = &entry;
+        } else if (entry.kind == EntryKind::kAcquireCalled) {
           forbidden = false;
+        } else if (entry.kind == EntryKind::kGate) {
+          open_with = entry.open ? entry.key : std::nullopt;
         }
         continue;
       }
-      if (!step.completion && step.command->registers() && forbidden) {
-        violations.push_back({"S5",
-                              "node " + std::to_string(node) + " registered " +
-                                  format_key(step.command->sa_key) +
-                                  " without being asked to acquire",
-                              {since ? describe(*since) : std::string("(never asked)"),
-                               describe(run, *step.command, false)}});
-        forbidden = false;  // one report per lapse
+      const Command& command = *step.command;
+      if (step.completion || !command.registers() || !forbidden || open_with == command.sa_key) {
+        continue;
       }
+      violations.push_back({"S5",
+                            "node " + std::to_string(node) + " registered " +
+                                format_key(command.sa_key) + " without being asked to acquire",
+                            {since ? describe(*since) : std::string("(never asked)"),
+                             describe(run, command, false)}});
+      forbidden = false;  // one report per lapse
     }
   }
 }
@@ -629,16 +1006,13 @@ std::string describe(const Run& run, const Command& command, bool completion) {
     text += "opcode " + std::to_string(command.opcode);
   }
   text += " on LU " + std::to_string(command.lu) + " nexus " + std::to_string(command.nexus);
-  if (command.retry && !completion) {
-    text += " (engine retry)";
-  }
   if (completion) {
     text += ": " + std::string(transport::to_string(command.outcome));
-    if (command.outcome == transport::Outcome::kCheckCondition) {
-      char sense[32];
-      (void)std::snprintf(sense, sizeof sense, " %x/%02x/%02x", command.sense_key, command.asc,
-                          command.ascq);
-      text += sense;
+    if (const auto sense = answer::sense_of(command)) {
+      char text_sense[32];
+      (void)std::snprintf(text_sense, sizeof text_sense, " %x/%02x/%02x", sense->key, sense->asc,
+                          sense->ascq);
+      text += text_sense;
     }
   }
   (void)run;
@@ -666,6 +1040,8 @@ std::string describe(const Entry& entry) {
       break;
     case EntryKind::kEvent: text += "event " + std::string(fence::to_string(entry.event)); break;
     case EntryKind::kQuiet: text = format_time(entry.at) + " quiet phase"; break;
+    case EntryKind::kBusy: text += entry.open ? "operation running" : "no operation running"; break;
+    case EntryKind::kPaths: text += "driver: update_paths()"; break;
   }
   if (entry.key) {
     text += " key " + format_key(*entry.key);
@@ -754,6 +1130,7 @@ std::vector<Violation> check(const Run& run) {
   const Replay replayed = replay(run, violations);
   check_s1(run, replayed, violations);
   check_s2(run, violations);
+  check_s2_continuous(run, violations);
   Steps steps;
   for (const std::uint16_t node : nodes_of(run)) {
     steps.emplace(node, collect_steps(run, node));

@@ -44,17 +44,16 @@ struct Command {
   bool completed = false;
   Time completed_at{0};
   std::uint64_t completed_seq = 0;
+  // How it completed, as the transport reported it (a timeout, an OS error, or a SCSI status), and
+  // the raw answer: the SAM status byte, the sense data and the data received. The checker reads
+  // these itself (sense keys, PR IN parameter data) rather than trusting the codec under test.
   transport::Outcome outcome = transport::Outcome::kOsError;
-  std::uint8_t sense_key = 0;
-  std::uint8_t asc = 0;
-  std::uint8_t ascq = 0;
-  // The engine resubmitting a command that did not execute (it completed with a unit attention,
-  // BUSY, ...): the same decision, not a new one.
-  bool retry = false;
-  // Completed with an answer that says it did not execute and that the engine retries: UNIT
-  // ATTENTION (SAM-5 5.14), NOT READY becoming ready, BUSY, TASK SET FULL, TASK ABORTED, ABORTED
-  // COMMAND.
-  bool not_executed = false;
+  std::uint8_t status = 0;
+  std::vector<std::uint8_t> sense;
+  std::vector<std::uint8_t> data_in;
+  // The CDB and the parameter data as sent: two submissions with the same bytes on the same nexus
+  // are the same command (the engine resubmitting one that did not execute).
+  std::string bytes;
 
   bool is_prout() const { return opcode == kPrOut; }
   bool is_prin() const { return opcode == kPrIn; }
@@ -88,6 +87,8 @@ enum class EntryKind : std::uint8_t {
   kGate,     // the observer's on_gate (open, verified_since, key, and the target at that moment)
   kEvent,    // the observer's on_event
   kQuiet,    // the scenario ended: faults and pauses off, links up
+  kBusy,     // the resource's operation began (open) or ended: its reads may not be the monitor's
+  kPaths,    // the driver told the resource of its LU's current paths (detail)
 };
 
 struct Entry {

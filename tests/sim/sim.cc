@@ -31,7 +31,6 @@
 #include <poll.h>
 
 #include "blkfence/assert.h"
-#include "blkfence/codec/sense.h"
 #include "blkfence/endian.h"
 #include "blkfence/fence/epoch_store.h"
 #include "blkfence/fence/resource.h"
@@ -58,6 +57,8 @@ using transport::PathId;
 constexpr std::uint32_t kBlockSize = 16;  // node:16 | pad:16 | epoch:32 | write id:64
 constexpr std::uint64_t kBlockCount = std::uint64_t{1} << 40U;
 constexpr const char* kResourceName = "pgdata";
+// Nexuses a node may have to one LU over the run: its configured 1-2, and the ones hot-plug adds.
+constexpr std::size_t kMaxPaths = 4;
 
 struct Cli {
   std::optional<std::uint64_t> seed;
@@ -72,6 +73,8 @@ struct Cli {
   // --min-activity: the sweep fails when it fenced, wrote or refused too little for its verdict to
   // mean anything (kMinPerSeed).
   bool min_activity = false;
+  // --random-seeds: this many seeds more, from a start that changes from run to run (printed).
+  std::uint64_t random_seeds = 0;
   std::string program = "blkfence_sim";
 };
 
@@ -125,6 +128,7 @@ struct Config {
   Time write_interval_max{0};
   Time horizon{0};
   std::uint64_t register_pause_percent = 0;  // acquires that pause right after registering
+  bool hotplug = false;  // paths come and go (update_paths), drawn from their own stream
 };
 
 Config draw_config(Rng& rng, const Cli& cli) {
@@ -195,23 +199,11 @@ class RecordingTransport final : public transport::Transport {
   void set_link(LuId lu, LinkState state) { inner_->set_link(lu, state); }
 
  private:
-  static std::string signature(PathId path, const transport::Command& command) {
-    std::string text = std::to_string(path) + ":";
-    text.append(reinterpret_cast<const char*>(command.cdb.data()), command.cdb_size);
-    text.append(reinterpret_cast<const char*>(command.data_out.data()), command.data_out.size());
-    return text;
-  }
-
   World& world_;
   Node& node_;
   std::unique_ptr<transport::SimTransport> inner_;
   std::map<PathId, transport::SimPath> paths_;
-  struct Submitted {
-    std::size_t command = 0;
-    std::string signature;
-  };
-  std::map<std::uint64_t, Submitted> tags_;
-  std::multiset<std::string> retries_expected_;
+  std::map<std::uint64_t, std::size_t> tags_;  // a command in flight: its index in the record
 };
 
 struct Stats {
@@ -286,7 +278,7 @@ class World {
 
  private:
   struct Action {
-    enum class Kind : std::uint8_t { kAcquire, kRelease, kPause, kOutage, kRestart };
+    enum class Kind : std::uint8_t { kAcquire, kRelease, kPause, kOutage, kRestart, kPaths };
     Time at{0};
     Kind kind = Kind::kAcquire;
     std::size_t node = 0;
@@ -294,6 +286,7 @@ class World {
     bool writer_too = false;
     std::vector<LuId> lus;
     LinkState link = LinkState::kNoAnswer;
+    bool add = false;  // kPaths: a path appears (or goes away)
   };
 
   void plan();
@@ -307,6 +300,7 @@ class World {
   std::uint64_t seed_;
   Rng plan_rng_;
   Rng runtime_rng_;
+  Rng hotplug_rng_;
   Config config_;
   transport::SimClock clock_;
   transport::SimTarget target_{clock_};
@@ -354,6 +348,9 @@ class Node final : public fence::Observer {
   void pause(Time until, bool writer_too);
   void resume();
   void set_links(const std::vector<LuId>& lus, LinkState state, Time until);
+  // A path of the node to the LU appears (add) or goes away, and the daemon is told the LU's
+  // current paths, as blkfenced does after a udev event. The node keeps at least one path.
+  void hotplug(std::size_t lu, bool add, Rng& rng);
   void links_up();
   void timers();  // resume, boot and links that are due
   std::optional<Time> timer_wake() const;
@@ -370,6 +367,9 @@ class Node final : public fence::Observer {
   void on_event(const fence::Resource& resource, const fence::Event& event) override;
 
   std::uint32_t boots() const { return boots_; }
+  // Records when the resource's operation begins or ends (kBusy), after anything that may start or
+  // finish one.
+  void note_busy();
   std::uint64_t writes_landed = 0;
   std::uint64_t writes_refused = 0;
 
@@ -378,8 +378,9 @@ class Node final : public fence::Observer {
 
   World& world_;
   std::uint16_t id_;
-  std::vector<pr::LogicalUnit> lus_;
-  std::vector<std::vector<std::string>> writer_devices_;
+  std::vector<pr::LogicalUnit> lus_;                      // the paths the node has now
+  std::vector<std::vector<std::size_t>> present_;         // [lu]: the path indices the node has now
+  std::vector<std::vector<std::string>> writer_devices_;  // [lu][path index], every possible one
   std::vector<std::vector<NexusId>> nexuses_;
   fence::MemoryEpochStore store_;
   std::uint32_t boots_ = 0;
@@ -393,6 +394,7 @@ class Node final : public fence::Observer {
   std::map<LuId, LinkState> links_;
   std::optional<Time> links_until_;
   bool register_pause_armed_ = false;
+  bool busy_ = false;
 
   std::unique_ptr<transport::SimTransport> writer_transport_;
   std::vector<std::vector<PathId>> writer_paths_;
@@ -430,16 +432,14 @@ Result<void> RecordingTransport::submit(PathId path, transport::Command command)
     record.key = load_be64(command.data_out, 0);
     record.sa_key = load_be64(command.data_out, 8);
   }
-  std::string sig = signature(path, command);
-  if (const auto expected = retries_expected_.find(sig); expected != retries_expected_.end()) {
-    record.retry = true;
-    retries_expected_.erase(expected);
-  }
+  record.bytes.assign(reinterpret_cast<const char*>(command.cdb.data()), command.cdb_size);
+  record.bytes.append(reinterpret_cast<const char*>(command.data_out.data()),
+                      command.data_out.size());
   const std::uint64_t tag = command.tag;
-  const std::size_t index = world_.add_command(record);
+  const std::size_t index = world_.add_command(std::move(record));
   auto submitted = inner_->submit(path, std::move(command));
   if (submitted) {
-    tags_[tag] = Submitted{index, std::move(sig)};
+    tags_[tag] = index;
   } else {
     Command& failed = world_.command(index);
     failed.completed = true;
@@ -461,31 +461,14 @@ Result<std::size_t> RecordingTransport::reap(milliseconds wait,
     if (found == tags_.end()) {
       continue;
     }
-    Command& command = world_.command(found->second.command);
+    Command& command = world_.command(found->second);
     command.completed = true;
     command.completed_at = world_.now();
     command.completed_seq = world_.next_seq();
     command.outcome = completion.outcome;
-    bool not_executed = completion.outcome == transport::Outcome::kBusy ||
-                        completion.outcome == transport::Outcome::kTaskAborted;
-    if (completion.outcome == transport::Outcome::kCheckCondition) {
-      const codec::Sense sense = codec::decode_sense(completion.sense);
-      command.sense_key = static_cast<std::uint8_t>(sense.sense_key);
-      command.asc = sense.asc;
-      command.ascq = sense.ascq;
-      switch (codec::classify(sense)) {
-        case codec::SenseCategory::kUnitAttention:
-        case codec::SenseCategory::kNotReadyBecomingReady:
-        case codec::SenseCategory::kNotReadyInProgress:
-        case codec::SenseCategory::kNotReadyTransitioning:
-        case codec::SenseCategory::kAbortedCommand: not_executed = true; break;
-        default: break;
-      }
-    }
-    command.not_executed = not_executed;
-    if (not_executed) {
-      retries_expected_.insert(found->second.signature);
-    }
+    command.status = completion.status;
+    command.sense = completion.sense;
+    command.data_in = completion.data_in;
     tags_.erase(found);
   }
   return reaped;
@@ -497,6 +480,10 @@ NexusId nexus_of(std::uint16_t node, std::size_t lu, std::size_t path) {
   return static_cast<NexusId>(std::size_t{node} * 100U + lu * 10U + path);
 }
 
+pr::Path path_of(const std::string& suffix) {
+  return pr::Path{.sg = "/dev/sg-n" + suffix, .sd = {}, .hctl = suffix};
+}
+
 Node::Node(World& world, std::uint16_t id, const std::vector<std::size_t>& paths)
     : world_(world), id_(id), writer_rng_(mix(world.seed(), id, 0, 0x77)) {
   transport::SimTarget& target = world.target();
@@ -506,18 +493,23 @@ Node::Node(World& world, std::uint16_t id, const std::vector<std::size_t>& paths
                          .paths = {}};
     std::vector<std::string> writers;
     std::vector<NexusId> nexuses;
-    for (std::size_t p = 0; p < paths[lu]; ++p) {
+    std::vector<std::size_t> present;
+    for (std::size_t p = 0; p < kMaxPaths; ++p) {
       const std::string suffix =
           std::to_string(id) + "-lu" + std::to_string(lu) + "-p" + std::to_string(p);
       const NexusId nexus = nexus_of(id, lu, p);
       target.add_path("/dev/sg-n" + suffix, static_cast<LuId>(lu), nexus);
       // The writer reaches the same I_T nexus through its own name (its own block device).
       target.add_path("/dev/sd-n" + suffix, static_cast<LuId>(lu), nexus);
-      unit.paths.push_back(pr::Path{.sg = "/dev/sg-n" + suffix, .sd = {}, .hctl = suffix});
+      if (p < paths[lu]) {
+        unit.paths.push_back(path_of(suffix));
+        present.push_back(p);
+      }
       writers.push_back("/dev/sd-n" + suffix);
       nexuses.push_back(nexus);
     }
     lus_.push_back(std::move(unit));
+    present_.push_back(std::move(present));
     writer_devices_.push_back(std::move(writers));
     nexuses_.push_back(std::move(nexuses));
   }
@@ -602,6 +594,7 @@ void Node::boot() {
   resource_ = std::make_unique<fence::Resource>(options(), *engine_, store_, *this);
   world_.trace(id_, EntryKind::kBoot);
   resource_->start(world_.now());
+  note_busy();
 }
 
 void Node::crash() {
@@ -610,6 +603,7 @@ void Node::crash() {
   resource_.reset();
   engine_.reset();
   transport_.reset();
+  note_busy();
   paused_until_.reset();
   writer_frozen_ = false;
   if (writer_gate_) {
@@ -636,6 +630,15 @@ void Node::pump(bool readable) {
   }
   if (const auto due = resource_->next_wake(); due && *due <= now) {
     resource_->on_time(now);
+  }
+  note_busy();
+}
+
+void Node::note_busy() {
+  const bool busy = resource_ && resource_->busy();
+  if (busy != busy_) {
+    busy_ = busy;
+    world_.trace(id_, EntryKind::kBusy).open = busy;
   }
 }
 
@@ -675,6 +678,7 @@ void Node::acquire(const std::string& why) {
       entry.detail = why + ": " + result.error().message();
     }
   });
+  note_busy();
 }
 
 void Node::release() {
@@ -692,6 +696,7 @@ void Node::release() {
       entry.detail = "release: released";
     }
   });
+  note_busy();
 }
 
 void Node::pause(Time until, bool writer_too) {
@@ -741,6 +746,38 @@ void Node::links_up() {
   world_.trace(id_, EntryKind::kLink).detail = "every link up";
 }
 
+void Node::hotplug(std::size_t lu, bool add, Rng& rng) {
+  std::vector<std::size_t>& present = present_[lu];
+  if (add) {
+    if (present.size() >= kMaxPaths) {
+      return;
+    }
+    std::size_t p = 0;
+    while (std::find(present.begin(), present.end(), p) != present.end()) {
+      ++p;
+    }
+    present.push_back(p);
+  } else {
+    if (present.size() <= 1) {
+      return;
+    }
+    present.erase(present.begin() + static_cast<std::ptrdiff_t>(rng.below(present.size())));
+  }
+  std::string detail =
+      "LU " + std::to_string(lu) + (add ? " path added" : " path gone") + ", nexuses now";
+  lus_[lu].paths.clear();
+  for (const std::size_t p : present) {
+    lus_[lu].paths.push_back(
+        path_of(std::to_string(id_) + "-lu" + std::to_string(lu) + "-p" + std::to_string(p)));
+    detail += " " + std::to_string(nexuses_[lu][p]);
+  }
+  world_.trace(id_, EntryKind::kPaths).detail = detail;
+  if (running()) {
+    resource_->update_paths(lu, lus_[lu].paths, world_.now());
+    note_busy();
+  }
+}
+
 void Node::timers() {
   const Time now = world_.now();
   if (paused_until_ && *paused_until_ <= now) {
@@ -788,7 +825,7 @@ void Node::writer_step(bool readable) {
     return;
   }
   for (std::size_t lu = 0; lu < writer_paths_.size(); ++lu) {
-    const std::size_t p = writer_rng_.below(writer_paths_[lu].size());
+    const std::size_t p = present_[lu][writer_rng_.below(present_[lu].size())];
     const std::uint64_t id = world_.next_write_id();
     std::vector<std::uint8_t> cdb(16, 0);
     cdb[0] = 0x8a;  // WRITE(16), SBC-3 5.40
@@ -865,6 +902,7 @@ World::World(const Cli& cli, std::uint64_t seed)
       seed_(seed),
       plan_rng_(mix(seed, 0, 0, 0x50)),
       runtime_rng_(mix(seed, 0, 0, 0x52)),
+      hotplug_rng_(mix(seed, 0, 0, 0x48)),
       config_(draw_config(plan_rng_, cli)) {
   for (std::size_t lu = 0; lu < config_.lus; ++lu) {
     transport::LuConfig lu_config;
@@ -885,7 +923,7 @@ World::World(const Cli& cli, std::uint64_t seed)
     const auto id = static_cast<std::uint16_t>(n + 1);
     nodes_.push_back(std::make_unique<Node>(*this, id, config_.paths[n]));
     for (std::size_t lu = 0; lu < config_.lus; ++lu) {
-      for (std::size_t p = 0; p < config_.paths[n][lu]; ++p) {
+      for (std::size_t p = 0; p < kMaxPaths; ++p) {
         record_.node_of_nexus[nexus_of(id, lu, p)] = id;
       }
     }
@@ -974,9 +1012,23 @@ void World::plan() {
       actions_.push_back(action);
     }
   }
+  final_node_ = rng.below(n);
+  // Paths that come and go (half the seeds), from their own stream so that the rest of the
+  // scenario is the same with or without them.
+  Rng& paths = hotplug_rng_;
+  config_.hotplug = paths.chance(1, 2);
+  for (Time at = paths.time_between(seconds(1), seconds(10));
+       config_.hotplug && at < config_.horizon; at += paths.time_between(seconds(1), seconds(10))) {
+    Action action;
+    action.at = at;
+    action.kind = Action::Kind::kPaths;
+    action.node = paths.below(n);
+    action.lus.push_back(static_cast<LuId>(paths.below(config_.lus)));
+    action.add = paths.chance(1, 2);
+    actions_.push_back(action);
+  }
   std::stable_sort(actions_.begin(), actions_.end(),
                    [](const Action& a, const Action& b) { return a.at < b.at; });
-  final_node_ = rng.below(n);
 }
 
 void World::act(const Action& action) {
@@ -992,6 +1044,7 @@ void World::act(const Action& action) {
     case Action::Kind::kOutage:
       node.set_links(action.lus, action.link, now() + action.duration);
       break;
+    case Action::Kind::kPaths: node.hotplug(action.lus.front(), action.add, hotplug_rng_); break;
     case Action::Kind::kRestart:
       if (node.alive()) {
         node.crash();
@@ -1250,11 +1303,12 @@ void print_config(const World& world) {
   const Config& c = world.config();
   std::printf("seed %" PRIu64
               ": %zu nodes, %zu LUs, %s, check_interval %s, lease %s, timeout %s,"
-              " horizon %s\n",
+              " horizon %s%s\n",
               world.record().seed, c.nodes, c.lus,
               c.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT",
               format_time(c.check_interval).c_str(), format_time(c.lease).c_str(),
-              format_time(c.command_timeout).c_str(), format_time(c.horizon).c_str());
+              format_time(c.command_timeout).c_str(), format_time(c.horizon).c_str(),
+              c.hotplug ? ", paths come and go" : "");
   for (std::size_t n = 0; n < c.nodes; ++n) {
     std::printf("  node %zu: nexuses", n + 1);
     for (std::size_t lu = 0; lu < c.lus; ++lu) {
@@ -1327,7 +1381,7 @@ int usage(const char* program) {
       stderr,
       "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
       "          [--verbose] [--expect-violation S1|...|S5|L1[,...]] [--strict-epochs]\n"
-      "          [--min-activity]\n",
+      "          [--min-activity] [--random-seeds COUNT]\n",
       program);
   return 2;
 }
@@ -1351,6 +1405,8 @@ int run_main(int argc, char** argv) {
       cli.seed = value;
     } else if (arg == "--seeds" && has_value && parse_number(argv[++i], value) && value > 0) {
       cli.seeds = value;
+    } else if (arg == "--random-seeds" && has_value && parse_number(argv[++i], value)) {
+      cli.random_seeds = value;
     } else if (arg == "--first" && has_value && parse_number(argv[++i], value)) {
       cli.first = value;
     } else if (arg == "--nodes" && has_value && parse_number(argv[++i], value) && value >= 2 &&
@@ -1365,11 +1421,31 @@ int run_main(int argc, char** argv) {
   }
   const std::uint64_t first = cli.seed.value_or(cli.first);
   const std::uint64_t count = cli.seed ? 1 : cli.seeds;
+  // The fixed seeds, then --random-seeds more from a start drawn afresh each run, far above any
+  // fixed range; printed first, so that a failure replays (every violation prints its seed too).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges{{first, count}};
+  if (cli.random_seeds > 0) {
+    std::random_device entropy;
+    const std::uint64_t start =
+        (std::uint64_t{1} << 32U) +
+        ((std::uint64_t{entropy()} << 16U) ^ entropy()) % (std::uint64_t{1} << 40U);
+    ranges.emplace_back(start, cli.random_seeds);
+    std::printf("blkfence_sim: random seeds %" PRIu64 " to %" PRIu64 " (replay: --seeds %" PRIu64
+                " --first %" PRIu64 ")\n",
+                start, start + cli.random_seeds - 1, cli.random_seeds, start);
+    (void)std::fflush(stdout);
+  }
   Stats total;
   std::optional<std::uint64_t> first_violation;
   std::optional<std::uint64_t> caught_at;  // the first seed that broke an expected property
   bool record_inconsistent = false;
-  for (std::uint64_t seed = first; seed < first + count; ++seed) {
+  std::vector<std::uint64_t> seeds;
+  for (const auto& [from, how_many] : ranges) {
+    for (std::uint64_t seed = from; seed < from + how_many; ++seed) {
+      seeds.push_back(seed);
+    }
+  }
+  for (const std::uint64_t seed : seeds) {
     World world(cli, seed);
     if (cli.verbose) {
       print_config(world);
@@ -1449,7 +1525,7 @@ int run_main(int argc, char** argv) {
     if (caught_at) {
       std::printf("blkfence_sim: expected a violation of %s and found one at seed %" PRIu64
                   " (after %" PRIu64 " seeds)\n",
-                  names.c_str(), *caught_at, *caught_at - first + 1);
+                  names.c_str(), *caught_at, total.seeds);
       return 0;
     }
     std::printf("blkfence_sim: expected a violation of %s, found none in %" PRIu64 " seeds%s\n",

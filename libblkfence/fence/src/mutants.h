@@ -2,14 +2,16 @@
 //
 // tests/sim and the lab prove that they catch a broken protocol by running one: each mutant is a
 // build of the fence layer with one of the switches below turned on (blkfence_mutant() in
-// libblkfence/CMakeLists.txt), never installed. The protocol code tests its switch with
-// `if constexpr (mutant::...)` at the one place the bug lives; in the product every switch is
-// false and the hook is discarded at compile time. A reader of the protocol can skip those lines.
+// libblkfence/CMakeLists.txt), never installed. The protocol code tests its switch, a constant, at
+// the one place the bug lives (`if constexpr (mutant::...)`, or a term of a condition); in the
+// product every switch is false and the hook is discarded at compile time. A reader of the
+// protocol can skip those lines. Each is caught by the property named here (tests/sim/README.md
+// gives the seed).
 #pragma once
 
 namespace blkfence::fence::mutant {
 
-// An acquire opens the gate without the verify read (S2): the simulation and the lab see a writer
+// S2: an acquire opens the gate without the verify read: the simulation and the lab see a writer
 // whose key is not the holder, or not the only registrant.
 #ifdef BLKFENCE_MUTANT_SKIP_VERIFY
 inline constexpr bool kSkipVerify = true;
@@ -23,6 +25,39 @@ inline constexpr bool kSkipVerify = false;
 inline constexpr bool kReregister = true;
 #else
 inline constexpr bool kReregister = false;
+#endif
+
+// A release in exclusive mode drops the reservation (RELEASE, then the key unregistered) instead of
+// leaving it with the key: every nexus may write again, a node preempted a moment ago included
+// (S1). Resource::mutant_release in resource_mutants.cc.
+#ifdef BLKFENCE_MUTANT_RELEASE_DROPS
+inline constexpr bool kReleaseDrops = true;
+#else
+inline constexpr bool kReleaseDrops = false;
+#endif
+
+// The monitor never closes the gate when the lease runs out without a good check (S2): a node that
+// cannot see its LUs keeps its writer running.
+#ifdef BLKFENCE_MUTANT_NO_LEASE
+inline constexpr bool kNoLease = true;
+#else
+inline constexpr bool kNoLease = false;
+#endif
+
+// An acquire reuses the highest epoch it saw instead of drawing one above it (S3).
+#ifdef BLKFENCE_MUTANT_NO_EPOCH_BUMP
+inline constexpr bool kNoEpochBump = true;
+#else
+inline constexpr bool kNoEpochBump = false;
+#endif
+
+// A failed acquire unregisters its key everywhere at once, without reading first what its failed or
+// timed-out commands did (S4): a PREEMPT of it that executed made it the holder, and unregistering
+// the holder drops the reservation. Resource::mutant_unregister_unread in resource_mutants.cc.
+#ifdef BLKFENCE_MUTANT_NO_REREAD
+inline constexpr bool kNoReread = true;
+#else
+inline constexpr bool kNoReread = false;
 #endif
 
 }  // namespace blkfence::fence::mutant

@@ -80,7 +80,7 @@ void Resource::acquire_draw(Reads reads, int round, Time at) {
         at);
     return;
   }
-  const Key key = key_for(epoch + 1);
+  const Key key = key_for(mutant::kNoEpochBump && epoch > 0 ? epoch : epoch + 1);
   // S3: durable before the key exists anywhere, so no restart can reuse it.
   if (auto stored_epoch = epochs_.store(options_.name, key.epoch()); !stored_epoch) {
     set_state(State::kReleased, "cannot store the epoch");
@@ -286,6 +286,10 @@ void Resource::acquire_succeeded(Key key, Time verified_since, Time now) {
 
 void Resource::acquire_failed(Key key, std::string why, Time now) {
   ++counters_.acquire_failures;
+  if constexpr (mutant::kNoReread) {
+    mutant_unregister_unread(key, std::move(why), now);
+    return;
+  }
   // S4: whatever failed may still have executed; read the state before deciding anything.
   read_all(true, now, [this, key, why = std::move(why)](Reads reads, Time at) {
     std::vector<pr::Request> cleanup;
@@ -377,6 +381,10 @@ void Resource::release(Time now, Done done) {
   const Key key = *key_;
   if (options_.mode == Mode::kShared) {
     release_shared(key, now);
+    return;
+  }
+  if constexpr (mutant::kReleaseDrops) {
+    mutant_release(key, now);
     return;
   }
   const bool held = state_ == State::kHeld || state_ == State::kLostContact;

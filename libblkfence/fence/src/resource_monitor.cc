@@ -15,7 +15,7 @@
 namespace blkfence::fence {
 
 void Resource::on_time(Time now) {
-  if (gate_open_ && last_success_ && now - *last_success_ >= options_.lease) {
+  if (gate_open_ && last_success_ && now - *last_success_ >= options_.lease && !mutant::kNoLease) {
     // Fail closed: the storage may have moved on without us being able to see it.
     ++counters_.lost_contact;
     set_gate(false, now);
@@ -36,7 +36,7 @@ std::optional<Time> Resource::next_wake() const {
   if (op_ == Op::kNone && !check_in_flight_ && next_check_) {
     wake = next_check_;
   }
-  if (gate_open_ && last_success_) {
+  if (gate_open_ && last_success_ && !mutant::kNoLease) {
     const Time expiry = *last_success_ + options_.lease;
     wake = wake ? std::min(*wake, expiry) : expiry;
   }

@@ -245,9 +245,11 @@ class Resource {
   void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
               Time now);
 
-  // resource_mutants.cc: a deliberate protocol bug for the tests to catch (fence/src/mutants.h);
-  // the product never calls it.
+  // resource_mutants.cc: deliberate protocol bugs for the tests to catch (fence/src/mutants.h); the
+  // product never calls them.
   void mutant_reregister(Time now);
+  void mutant_unregister_unread(Key key, std::string why, Time now);
+  void mutant_release(Key key, Time now);
 
   ResourceOptions options_;
   pr::Engine& engine_;
