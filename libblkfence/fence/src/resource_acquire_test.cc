@@ -2,11 +2,11 @@
 // resource_test_bench.h: acquire registers every path and leaves its key the holder and only
 // registrant with a fresh, persisted epoch (above the persisted mark, every key seen, and a holder
 // seen only in the reservation); a second acquire preempts the first, whose gate closes within one
-// check_interval plus a round trip; the holder re-acquires under a new key; a second operation is
-// refused while one runs; and the failure paths (unreadable LUs, an epoch store that cannot
-// persist, a lost REGISTER answer, keys that cannot be read back, a verify older than the lease)
-// open no gate, read before any further PR OUT, and leave the loser's registration to the
-// winner's monitor.
+// check_interval plus a round trip; the holder re-acquires under a new key, preempting its older
+// key where that holds through a path the node no longer has; a second operation is refused while
+// one runs; and the failure paths (unreadable LUs, an epoch store that cannot persist, a lost
+// REGISTER answer, keys that cannot be read back, a verify older than the lease) open no gate, read
+// before any further PR OUT, and leave the loser's registration to the winner's monitor.
 #include <gtest/gtest.h>
 
 #include "resource_test_bench.h"
@@ -137,6 +137,48 @@ TEST_F(ResourceTest, ReacquireWhileHoldingAnOlderKeyOfItsOwnSucceeds) {
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key.value(), key.value()}));
     EXPECT_EQ(holder_of(lu), key.value());
+  }
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+}
+
+// An older key of this node that holds through a nexus the node no longer has (the path went
+// away; the target still has that nexus registered, holding) cannot be moved by our REGISTERs, and
+// RESERVE conflicts: when the verify still sees it holding after our REGISTERs executed, the take
+// preempts it like any holder. Here LU 0's first path is gone from A's paths; on LUs 1 and 2 the
+// REGISTER moves the holding nexus to the new key as usual.
+TEST_F(ResourceTest, AnOlderKeyOfItsOwnHoldingThroughAVanishedPathIsPreempted) {
+  const std::uint64_t old_key = key_of(kNodeA, 5).value();
+  ASSERT_TRUE(a->store.store("pgdata", 5).has_value());
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    for (std::size_t path = 0; path < 2; ++path) {
+      register_directly(nexus_of(kNodeA, lu, path), lu, old_key);
+    }
+    prout_directly(nexus_of(kNodeA, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_reserve(old_key, kWeRo));
+  }
+  const NexusId vanished = nexus_of(kNodeA, 0, 0);
+  ResourceOptions options = a->options();
+  options.lus[0].paths.erase(options.lus[0].paths.begin());
+  a->boot(options);
+
+  const std::size_t before = sent.size();
+  const Key key = acquired(*a);
+  EXPECT_EQ(key, key_of(kNodeA, 6));
+  EXPECT_EQ(holder_of(0), key.value());
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value()}));
+  const auto registrations = target.registrations(0);
+  EXPECT_TRUE(
+      std::none_of(registrations.begin(), registrations.end(),
+                   [&](const transport::SimRegistration& r) { return r.nexus == vanished; }))
+      << "the vanished nexus is still registered";
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::any_of(mine.begin(), mine.end(), [&](const Sent& s) {
+    return s.is(PrOutAction::kPreempt) && s.lu == 0 && s.sa_key == old_key;
+  })) << "no PREEMPT of the old key on LU 0";
+  for (std::size_t lu = 1; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), key.value()) << "LU " << lu;
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key.value(), key.value()})) << "LU " << lu;
   }
   EXPECT_TRUE(a->resource->gate_open());
   EXPECT_EQ(a->resource->state(), State::kHeld);

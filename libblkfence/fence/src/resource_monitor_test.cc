@@ -1,9 +1,9 @@
 // Proves fence::Resource's monitor (docs/protocol.md, "Monitor") on the bench of
 // resource_test_bench.h: lost contact fails closed after the lease and reopens only for a
-// still-sole holder, or ends fenced when another node took over; strays are preempted one
-// check_interval after they are first seen, less and less often when they keep coming back; a
-// fenced node never registers again by itself (S5); a fence seen half before the preempt names the
-// preemptor.
+// still-sole holder, on a check younger than the lease, or ends fenced when another node took
+// over; strays are preempted one check_interval after they are first seen, less and less often
+// when they keep coming back; a fenced node never registers again by itself (S5); a fence seen
+// half before the preempt names the preemptor.
 #include <gtest/gtest.h>
 
 #include "resource_test_bench.h"
@@ -61,6 +61,62 @@ TEST_F(ResourceTest, LostContactClosesTheGateAfterTheLeaseAndReopensForASoleHold
   EXPECT_EQ(a->resource->state(), State::kHeld);
   EXPECT_EQ(a->resource->key(), key);
   EXPECT_EQ(a->recorder.count(EventKind::kContactRestored), 1U);
+}
+
+// S2: in lost contact, a check that completes a lease or more after it was issued does not reopen
+// the gate, even though it shows our key as the sole holder: the gate would open with its lease
+// already over (and close again in the same instant). A later prompt round reopens it. The lease
+// is shortened here so that one round can outlast it within the command timeout.
+TEST_F(ResourceTest, LostContactDoesNotReopenOnACheckSlowerThanTheLease) {
+  ResourceOptions options = a->options();
+  options.check_interval = milliseconds(10);
+  options.lease = milliseconds(40);
+  a->boot(options);
+  const Key key = acquired(*a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+  }
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  ASSERT_EQ(a->resource->state(), State::kLostContact);
+  const std::size_t closed = a->recorder.gates.size();
+
+  // Contact is back, but every answer takes longer than the lease (within the command timeout).
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    if (c.command.cdb[0] == 0x5e) {
+      fault.response_delay = milliseconds(60);
+    }
+    return fault;
+  };
+  const Time slow = now();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+  }
+  // Rounds issued from here on read every LU, and show our key alone, holding.
+  ASSERT_TRUE(run_until([&] { return a->resource->last_read_ok() >= slow; }));
+  const Counters first = a->resource->counters();
+  run_for(4 * options.lease);
+  const Counters later = a->resource->counters();
+  EXPECT_GE((later.checks - later.check_failures) - (first.checks - first.check_failures), 2U)
+      << "several slow rounds read every LU";
+  EXPECT_GE(later.check_latency_last, options.lease);
+  EXPECT_EQ(a->recorder.gates.size(), closed) << "the gate moved on a round slower than the lease";
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kLostContact);
+  EXPECT_EQ(a->recorder.count(EventKind::kContactRestored), 0U);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key.value(), key.value()}));
+    EXPECT_EQ(holder_of(lu), key.value());
+  }
+
+  a->faults = nullptr;
+  const Time prompt = now();
+  ASSERT_TRUE(run_until([&] { return a->resource->gate_open(); }));
+  EXPECT_GE(a->recorder.gates.back().verified_since, prompt);
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_EQ(a->resource->key(), key);
+  EXPECT_EQ(a->recorder.count(EventKind::kContactRestored), 1U);
+  EXPECT_EQ(a->recorder.count(EventKind::kLostContact), 1U);
 }
 
 // Lost contact while another node took the LUs: when contact returns the node is fenced and its

@@ -1,7 +1,8 @@
 // Proves fence::Resource's path hot-plug (docs/protocol.md, "Paths") on the bench of
 // resource_test_bench.h: a new path of a held LU is registered with the current key, never after
-// a fence (S5), and taken back when a preempt landed just before it; a release asked for meanwhile
-// waits for the registration instead of failing.
+// a fence (S5), taken back when a preempt landed just before it, and never taken back unread when
+// the read after its REGISTER fails (S4: the monitor reads at once instead); a release asked for
+// meanwhile waits for the registration instead of failing.
 #include <gtest/gtest.h>
 
 #include "resource_test_bench.h"
@@ -101,6 +102,56 @@ TEST_F(ResourceTest, ANewPathRegisteredJustAfterAPreemptIsTakenBack) {
   EXPECT_TRUE(std::none_of(keys.begin(), keys.end(), [&](std::uint64_t k) {
     return k == key_a.value();
   })) << "the new path's registration was taken back";
+  a->faults = nullptr;
+}
+
+// S4: when the read after registering a new path fails, what the REGISTER did is unknown (and a
+// path that came back may be the very nexus that holds the reservation), so nothing is taken back:
+// no unregister is sent, the registration ends failed as indeterminate, and the monitor reads at
+// once, keys included. Here every read of A's fails from the new path's REGISTER until the
+// registration has ended.
+TEST_F(ResourceTest, ANewPathIsNotTakenBackWhenTheReadAfterItsRegisterFails) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  const std::string device = "/dev/sg-n1-0-new";
+  const NexusId nexus = nexus_of(kNodeA, 0, 5);
+  target.add_path(device, 0, nexus);
+  bool registered = false;
+  a->faults = [&](const FaultContext& c) {
+    Fault fault;
+    registered = registered || (c.nexus == nexus && c.command.cdb[0] == 0x5f);
+    fault.transport_error = registered && c.command.cdb[0] == 0x5e && a->resource->busy();
+    return fault;
+  };
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  const std::size_t before = sent.size();
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  ASSERT_TRUE(registered);
+  const auto failed = a->recorder.last(EventKind::kOperationFailed);
+  ASSERT_TRUE(failed.has_value());
+  EXPECT_NE(failed->second.detail.find("reading back after registering failed"), std::string::npos)
+      << failed->second.detail;
+  run_for(kCheckInterval);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) {
+    return s.is(PrOutAction::kRegister) && s.sa_key == 0;
+  })) << "a new path was unregistered without a good read";
+  // The monitor's next round starts the moment the registration failed, and reads the keys.
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_TRUE(std::any_of(mine.begin(), mine.end(),
+                            [&](const Sent& s) {
+                              return s.at == failed->first && s.lu == lu && s.opcode == 0x5e &&
+                                     s.action ==
+                                         static_cast<std::uint8_t>(codec::PrInAction::kReadKeys);
+                            }))
+        << "no READ KEYS of LU " << lu << " when the registration failed";
+  }
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}));
+  EXPECT_EQ(holder_of(0), key.value());
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kHeld);
   a->faults = nullptr;
 }
 
