@@ -276,13 +276,15 @@ bool sole_holder(const LuState& state, std::uint64_t key) {
 // S2 (the gate is open only while our key is the verified holder on every LU), in two parts.
 // At every gate opening, at time t with key K justified by a verify read issued at
 // v = verified_since: on every LU, K is the holder and the only registered key at t (the
-// target's state read directly in the on_gate callback), unless a PR OUT from another node's
-// nexus executed (GOOD) on that LU in (v, t], which the read could not have seen. A PR OUT of the
-// node itself is no excuse: every one it sent for this key was answered before the verify read
-// was issued. At the end of the quiet phase (no faults, every link up, nothing paused): at most
-// one node's gate is open, and an open gate's key is the holder and only registrant on every LU
-// (so every node whose key is not the holder has its gate closed).
-void check_s2(const Run& run, std::vector<Violation>& violations) {
+// target's state read directly in the on_gate callback), unless PR OUTs from other nodes' nexuses
+// that executed (GOOD) on that LU in (v, t], which the read could not have seen, explain every
+// difference: each other key registered was registered by one of them, K missing was removed by
+// one (from a nexus of this node), another holder or none came from one that changed the
+// reservation. A PR OUT of the node itself is no excuse: every one it sent for this key was
+// answered before the verify read was issued. At the end of the quiet phase (no faults, every link
+// up, nothing paused): at most one node's gate is open, and an open gate's key is the holder and
+// only registrant on every LU (so every node whose key is not the holder has its gate closed).
+void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
   for (const Entry& entry : run.trace) {
     if (entry.kind != EntryKind::kGate || !entry.open) {
       continue;
@@ -329,10 +331,16 @@ void check_s2(const Run& run, std::vector<Violation>& violations) {
         if (registration) {
           intruders.erase(record.sa_key);
         }
-        if (!record.unregistered.empty()) {
+        // It removed a registration of this node (K's), or it changed the reservation.
+        if (std::any_of(
+                record.unregistered.begin(), record.unregistered.end(),
+                [&](transport::NexusId nexus) { return node_of(run, nexus) == entry.node; })) {
           key_explained = true;
         }
-        if (!record.reservation || record.reservation->key != key) {
+        const auto before = replayed.holder_before.find(record.sequence);
+        const std::optional<std::uint64_t> after =
+            record.reservation ? std::optional(record.reservation->key) : std::nullopt;
+        if (before != replayed.holder_before.end() && before->second != after && after != key) {
           holder_explained = true;
         }
       }
@@ -862,7 +870,8 @@ bool reveals(const Command& read, const Command& prout) {
 // only where that key holds the reservation (it would drop it), so a READ RESERVATION of L suffices
 // for it. A restart does not clear the duty: the new daemon reads at start. Sending the same bytes
 // on the same nexus again after an answer that says the command did not execute is the same
-// decision (the engine's retry), not a new one.
+// decision (the engine's retry), not a new one, as long as nothing else went out on that nexus in
+// between.
 void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
   struct Unread {
     const Command* prout = nullptr;
@@ -870,7 +879,10 @@ void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violat
   };
   for (const auto& [node, node_steps] : steps) {
     std::map<transport::LuId, Unread> pending;
-    std::multiset<std::pair<transport::NexusId, std::string>> resubmittable;
+    // (LU, nexus, bytes) of PR OUTs that did not execute, until resent or until another PR OUT
+    // goes out on that nexus. (The engine resends them within the batch; other commands of the
+    // batch may complete meanwhile, with any result.)
+    std::set<std::tuple<transport::LuId, transport::NexusId, std::string>> resubmittable;
     for (const Step& step : node_steps) {
       if (step.entry) {
         if (step.entry->kind == EntryKind::kBoot) {
@@ -881,7 +893,7 @@ void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violat
       const Command& command = *step.command;
       if (step.completion) {
         if (command.is_prout() && answer::did_not_execute(command)) {
-          resubmittable.emplace(command.nexus, command.bytes);
+          resubmittable.emplace(command.lu, command.nexus, command.bytes);
         } else if (command.is_prout() && wants_read(command)) {
           pending[command.lu] = Unread{&command, false};
         } else if (command.is_prin() && answer::good(command)) {
@@ -901,9 +913,9 @@ void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violat
       if (!command.is_prout()) {
         continue;
       }
-      if (const auto same = resubmittable.find({command.nexus, command.bytes});
-          same != resubmittable.end()) {
-        resubmittable.erase(same);
+      const bool resent = resubmittable.contains({command.lu, command.nexus, command.bytes});
+      std::erase_if(resubmittable, [&](const auto& r) { return std::get<1>(r) == command.nexus; });
+      if (resent) {
         continue;
       }
       const bool unregister = command.is(PrOutAction::kRegister) && command.sa_key == 0;
@@ -1129,7 +1141,7 @@ std::vector<Violation> check(const Run& run) {
   std::vector<Violation> violations;
   const Replay replayed = replay(run, violations);
   check_s1(run, replayed, violations);
-  check_s2(run, violations);
+  check_s2(run, replayed, violations);
   check_s2_continuous(run, violations);
   Steps steps;
   for (const std::uint16_t node : nodes_of(run)) {
