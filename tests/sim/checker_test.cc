@@ -29,6 +29,8 @@
 //                             CheckerS2.AThirdNodesRegisterAfterTheReadExcusesNoEarlierRacer
 //     the old excuse (any     CheckerS2.AThirdNodesRegisterAfterTheReadExcusesNoEarlierRacer
 //     GOOD PR OUT of another node in (v, t] excuses the opening)
+//     the excuse by any PR OUT CheckerS2.PrOutsThatChangeNothingTheReadMissedExcuseNothing
+//     that removed anything or left another holder (1ac4c69)
 //   check_s2_lease            CheckerS2.AGateOpenPastTheLeaseWithoutANewReadViolates,
 //                             CheckerS2.PausedAtTheDeadlineAndStillOpenAfterTheResumeViolates,
 //                             CheckerS2.AGateOpeningWithoutAReadOfOneLusReservationViolates,
@@ -70,6 +72,8 @@
 //     reveals(): any PR IN    CheckerS4.AReadKeysAloneDoesNotClearATimedOutReserve,
 //                             CheckerS4.AReadKeysAloneDoesNotClearATimedOutRelease,
 //                             CheckerS4.AReadReservationAloneDoesNotClearATimedOutRegister
+//     a resend excused until  CheckerS4.AResendAfterAnotherPrOutOnTheNexusIsANewDecision
+//     the next boot, not until the nexus sends anything else (1ac4c69)
 //   check_s5                  CheckerS5.ARegisterAfterAFencedEventViolates,
 //                             CheckerS5.ARegisterAfterABootWithoutAnAcquireCallViolates,
 //                             CheckerS5.RegisteringANewPathAfterTheGateClosedViolates,
@@ -1142,6 +1146,46 @@ TEST(CheckerS2, TwoRacersRegisteringAfterTheVerifyReadExcuseTheGate) {
   EXPECT_TRUE(fires(h, {}));
 }
 
+// Node 1 registers and reserves; node 2 CLEARs the LU before node 1's verify read, which shows it
+// empty (so no read of node 1 ever shows its key holding: the lease check fires too); node 3
+// registers and unregisters after that read; node 1's gate opens anyway. Node 3's PR OUTs after the
+// read neither removed a registration of node 1 nor changed the reservation, so they excuse nothing
+// (with `third` false, nobody's PR OUT follows the read).
+History gate_opens_on_an_empty_lu(bool third) {
+  History h(1, {1, 2, 3});
+  h.boot(1, 0ms);
+  h.boot(2, 0ms);
+  h.boot(3, 0ms);
+  begin_acquire(h, 1, 10ms, key_of(1, 1));  // registers at 12 ms
+  take(h, 1, 13ms, key_of(1, 1));           // RESERVE
+  h.acquire_called(2, 13ms, "acquire");
+  h.set_key(2, key_of(2, 2));
+  h.prout(2, 14ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(2, 2));
+  h.prout(2, 14500us, 0, 0, PrOutAction::kClear, key_of(2, 2), 0);
+  h.op_done(2, 14500us, false, "acquire: gave up");
+  const std::size_t verify = h.submit_read(1, 15ms, 0, PrInAction::kReadReservation);
+  const std::size_t verify_keys = h.submit_read(1, 15ms, 0, PrInAction::kReadKeys);
+  if (third) {
+    h.acquire_called(3, 15ms, "acquire");
+    h.set_key(3, key_of(3, 3));
+    h.prout(3, 15200us, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(3, 3));
+    h.prout(3, 15400us, 0, 0, PrOutAction::kRegister, key_of(3, 3), 0);
+    h.op_done(3, 15400us, false, "acquire: gave up");
+  }
+  h.reap(verify, 16ms, kGood);
+  h.reap(verify_keys, 16ms, kGood);
+  h.open_gate(1, 16ms, 15ms);
+  h.close_gate(1, 101ms, "fenced");
+  return h;
+}
+
+TEST(CheckerS2, PrOutsThatChangeNothingTheReadMissedExcuseNothing) {
+  for (const bool third : {true, false}) {
+    History h = gate_opens_on_an_empty_lu(third);
+    EXPECT_TRUE(fires(h, {"S2", "S2"}, "with 0x6c9d000100000001 (n1 e1)")) << "third: " << third;
+  }
+}
+
 // --- S3: epochs never go backwards ---
 
 // (a) Node 1 acquires epoch 2, its daemon restarts, and it acquires with epoch 1 (its epoch store
@@ -1497,6 +1541,28 @@ TEST(CheckerS4, AReadKeysClearsATimedOutRegister) {
 TEST(CheckerS4, AReadReservationAllowsUnregisteringTheOwnKey) {
   History h = register_times_out(PrInAction::kReadReservation, true);
   EXPECT_TRUE(fires(h, {}));
+}
+
+// Node 2's PREEMPT is answered BUSY (it did not execute); its REGISTER on the same nexus then times
+// out; the same PREEMPT bytes go out again without a read. The BUSY made a resend the engine's
+// retry only until something else went out on that nexus: the REGISTER's unknown result needs a
+// read first.
+TEST(CheckerS4, AResendAfterAnotherPrOutOnTheNexusIsANewDecision) {
+  History h = two_nodes(1);
+  acquire(h, 1, 10ms, key_of(1, 1));
+  begin_acquire(h, 2, 100ms, key_of(2, 2));
+  const std::size_t preempt =
+      h.submit_prout(2, 103ms, 0, 0, PrOutAction::kPreempt, key_of(2, 2), key_of(1, 1));
+  h.execute(103ms, 0, nexus_of(2, 0), PrOutAction::kPreempt, key_of(2, 2), key_of(1, 1), kBusy);
+  h.reap(preempt, 104ms, kBusy);
+  const std::size_t reg =
+      h.submit_prout(2, 105ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(2, 2));
+  const Time timed_out = 105ms + h.run().command_timeout;
+  h.reap(reg, timed_out, kTimedOut);
+  h.prout(2, timed_out + 1ms, 0, 0, PrOutAction::kPreempt, key_of(2, 2), key_of(1, 1));
+  finish_acquire(h, 2, timed_out + 2ms);
+  fenced(h, 1, timed_out + 100ms);
+  EXPECT_TRUE(fires(h, {"S4"}, "node 2 sent a PR OUT"));
 }
 
 // --- S5: a fenced node never re-registers by itself ---
