@@ -97,7 +97,11 @@ void Resource::register_new_paths(Time now) {
   after_monitor_prouts(now, [this, key, paths = std::move(paths)](Time from) mutable {
     read_all(true, from,
              [this, key, paths = std::move(paths)](const Reads& reads, Time at) mutable {
-               if (!key_current(reads, key)) {
+               // Lost contact (or a fence) meanwhile: the key is not known to be current any
+               // more, whatever this read showed (S5). A release queued behind this registration
+               // closed the gate but leaves the state held: it waits for us.
+               const bool still = state_ == State::kHeld || state_ == State::kUnfenced;
+               if (!still || !key_current(reads, key)) {
                  // The monitor's next round, now, decides what happened to the key.
                  next_check_ = at;
                  keys_next_ = true;
@@ -113,65 +117,93 @@ void Resource::register_new_paths(Time now) {
                  for (auto& request :
                       pr::prout_every_path(one, codec::prout_register_and_ignore(key.value()),
                                            "REGISTER AND IGNORE EXISTING KEY (new path)")) {
+                   // Right only while the key is current, as this read showed: not resent after
+                   // a sign that someone preempted meanwhile (a resend would register a key that
+                   // was just preempted, S5); the read afterwards decides.
+                   request.stop_when_preempted = true;
                    requests.push_back(std::move(request));
                  }
                }
                run(std::move(requests), at,
-                   [this, key, paths = std::move(paths)](const std::vector<pr::Response>&,
+                   [this, key, paths = std::move(paths)](const std::vector<pr::Response>& responses,
                                                          Time done_at) mutable {
-                     new_paths_registered(key, std::move(paths), done_at);  // the read decides
+                     // One request per path, in order. A path whose REGISTER was stopped by a
+                     // sign of a preempt did not register: should the read show the key still
+                     // current (the sign was about an older change), it is tried again, read
+                     // first.
+                     std::vector<std::pair<std::size_t, pr::Path>> again;
+                     for (std::size_t i = 0; i < responses.size() && i < paths.size(); ++i) {
+                       const auto& attempts = responses[i].attempts;
+                       if (!responses[i].data && !attempts.empty() &&
+                           (attempts.back().outcome == transport::Outcome::kTaskAborted ||
+                            (attempts.back().sense && attempts.back().sense->asc == 0x2a))) {
+                         again.push_back(paths[i]);
+                       }
+                     }
+                     new_paths_registered(key, std::move(paths), std::move(again),
+                                          done_at);  // the read decides
                    });
              });
   });
 }
 
 void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
-                                    Time now) {
-  read_all(true, now, [this, key, paths = std::move(paths)](const Reads& reads, Time at) {
-    if (!reads.ok()) {
-      // What the REGISTERs did is unknown, and so is whether a new path is really new: one that
-      // went away and came back may be the nexus holding the reservation, and unregistering it
-      // would drop the reservation (S4: no decision without reading). The monitor reads again
-      // now: a fence removed every registration of the key, a late REGISTER leaves a stray that
-      // the holder removes, and if the key is current the new paths are registered.
-      next_check_ = at;
-      keys_next_ = true;
-      end(fail(ErrorCode::kIndeterminate,
-               "new paths: reading back after registering failed: " + reads.errors(options_.lus)),
-          at);
-      return;
-    }
-    const bool current = key_current(reads, key);
-    std::string names;
-    for (const auto& [lu, path] : paths) {
-      names += (names.empty() ? "" : ", ") + pr::command_device(path);
-    }
-    if (current) {
-      emit(EventKind::kPathsChanged, "registered " + key.to_string() + " on " + names);
-      end(key, at);
-      return;
-    }
-    // Preempted between our read and the REGISTER: the new paths now carry a key that is no
-    // longer current. Take them back; the monitor's next round, now, declares the fence.
-    std::vector<pr::Request> requests;
-    for (const auto& [lu, path] : paths) {
-      const pr::LogicalUnit one{
-          .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
-      for (auto& request : pr::prout_every_path(one, codec::prout_register(key.value(), 0),
-                                                "REGISTER (unregister new path)")) {
-        requests.push_back(std::move(request));
-      }
-    }
-    next_check_ = at;
-    keys_next_ = true;
-    run(std::move(requests), at,
-        [this, key, names](const std::vector<pr::Response>&, Time done_at) {
-          end(fail(ErrorCode::kLost, "the key " + key.to_string() +
-                                         " was not current after registering " + names +
-                                         "; taken back there"),
-              done_at);
-        });
-  });
+                                    std::vector<std::pair<std::size_t, pr::Path>> again, Time now) {
+  read_all(
+      true, now,
+      [this, key, paths = std::move(paths), again = std::move(again)](const Reads& reads, Time at) {
+        if (!reads.ok()) {
+          // What the REGISTERs did is unknown, and so is whether a new path is really new: one that
+          // went away and came back may be the nexus holding the reservation, and unregistering it
+          // would drop the reservation (S4: no decision without reading). The monitor reads again
+          // now: a fence removed every registration of the key, a late REGISTER leaves a stray that
+          // the holder removes, and if the key is current the new paths are registered.
+          next_check_ = at;
+          keys_next_ = true;
+          end(fail(ErrorCode::kIndeterminate, "new paths: reading back after registering failed: " +
+                                                  reads.errors(options_.lus)),
+              at);
+          return;
+        }
+        const bool current = key_current(reads, key);
+        std::string names;
+        for (const auto& [lu, path] : paths) {
+          names += (names.empty() ? "" : ", ") + pr::command_device(path);
+        }
+        if (current) {
+          if (!again.empty()) {
+            // end() starts the registration of these again, with a read first.
+            new_paths_.insert(new_paths_.end(), again.begin(), again.end());
+            end(fail(ErrorCode::kIndeterminate,
+                     "new paths: a REGISTER did not go through; trying again after a read"),
+                at);
+            return;
+          }
+          emit(EventKind::kPathsChanged, "registered " + key.to_string() + " on " + names);
+          end(key, at);
+          return;
+        }
+        // Preempted between our read and the REGISTER: the new paths now carry a key that is no
+        // longer current. Take them back; the monitor's next round, now, declares the fence.
+        std::vector<pr::Request> requests;
+        for (const auto& [lu, path] : paths) {
+          const pr::LogicalUnit one{
+              .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
+          for (auto& request : pr::prout_every_path(one, codec::prout_register(key.value(), 0),
+                                                    "REGISTER (unregister new path)")) {
+            requests.push_back(std::move(request));
+          }
+        }
+        next_check_ = at;
+        keys_next_ = true;
+        run(std::move(requests), at,
+            [this, key, names](const std::vector<pr::Response>&, Time done_at) {
+              end(fail(ErrorCode::kLost, "the key " + key.to_string() +
+                                             " was not current after registering " + names +
+                                             "; taken back there"),
+                  done_at);
+            });
+      });
 }
 
 }  // namespace blkfence::fence

@@ -171,6 +171,9 @@ void Engine::on_completion(transport::Completion completion, Time now) {
       case Outcome::kGood: finish(batch, index, std::move(completion.data_in)); return true;
       case Outcome::kBusy:
       case Outcome::kTaskAborted:
+        if (completion.outcome == Outcome::kTaskAborted && request.stop_when_preempted) {
+          return false;
+        }
         if (slot.busy++ < policy_.busy_max) {
           later();
           return true;
@@ -183,6 +186,9 @@ void Engine::on_completion(transport::Completion completion, Time now) {
             finish(batch, index, std::move(completion.data_in));
             return true;
           case codec::SenseCategory::kUnitAttention:
+            if (request.stop_when_preempted && attempt.sense->asc == 0x2a) {
+              return false;  // reservations or registrations changed (SPC-4 5.13.11)
+            }
             // The command did not execute (SAM-5 5.14): repeating it is safe.
             if (slot.unit_attentions++ < policy_.unit_attention_max) {
               submit(batch, index, now);

@@ -228,7 +228,9 @@ class Resource {
   bool holding() const;
   bool key_current(const Reads& reads, Key key) const;
   void register_new_paths(Time now);
-  void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths, Time now);
+  // again: the paths whose REGISTER was stopped by a sign of a preempt (not registered).
+  void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
+                            std::vector<std::pair<std::size_t, pr::Path>> again, Time now);
 
   // resource_monitor.cc: the checks, the lease, strays and leftovers, the fence.
   void check(Time now);

@@ -57,6 +57,13 @@ struct Request {
   transport::Command command;
   bool is_read = false;  // may fail over to the next device
   std::string what;      // "READ KEYS", for messages
+  // A PR OUT that is right only in the state its caller read (the registration of a new path with
+  // the current key): an answer saying that another I_T nexus changed the registrations meanwhile
+  // (TASK ABORTED, as a PREEMPT AND ABORT aborts our task set; UNIT ATTENTION 2Ah, reservations or
+  // registrations preempted or released) ends it with that error instead of a resend, because
+  // sent again it would act on a state nobody has read (REGISTER AND IGNORE EXISTING KEY would
+  // register a key that was just preempted).
+  bool stop_when_preempted = false;
 };
 
 // The data-in of the attempt that succeeded, or the error of the last one; and every attempt.
