@@ -1,12 +1,14 @@
 // Proves the PR client's policy against the simulated SPC-4 target: registrations reach every path
 // of a LU; a command that meets a unit attention is retried and takes effect, and the attempt is
-// recorded; RESERVATION CONFLICT is never retried; a lost answer is indeterminate, never "failed",
+// recorded, unless the request asked to stop when the registrations changed; RESERVATION CONFLICT
+// is never retried; a lost answer is indeterminate, never "failed",
 // and not retried; reads fail over to the next path on a transport error while PR OUT does not;
 // one batch covers many LUs.
 #include "blkfence/pr/client.h"
 
 #include <gtest/gtest.h>
 
+#include "blkfence/codec/prout.h"
 #include "blkfence/testing/sim_clock.h"
 #include "blkfence/testing/sim_target.h"
 #include "blkfence/testing/sim_transport.h"
@@ -111,6 +113,31 @@ TEST_F(ClientTest, UnitAttentionIsRetriedAndTheCommandTakesEffect) {
   }
   EXPECT_EQ(unit_attentions, 2) << "one per nexus of A, each retried";
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{kKeyB, kKeyA + 1, kKeyA + 1}));
+}
+
+// A request that is right only in the state its caller read stops, instead of being resent, at a
+// unit attention that says the registrations changed: sent again, REGISTER AND IGNORE EXISTING KEY
+// would register a key whatever happened meanwhile.
+TEST_F(ClientTest, ARequestThatStopsWhenPreemptedIsNotResentAfterRegistrationsChanged) {
+  ASSERT_TRUE(client_->register_and_ignore(a_, kKeyA)[0].value);
+  ASSERT_TRUE(client_->reserve(a_, kKeyA, kWeRo)[0].value);
+  ASSERT_TRUE(client_->register_and_ignore(b_, kKeyB)[0].value);
+  // B preempts A: A's nexuses now hold 2A/05 (registrations preempted).
+  ASSERT_TRUE(client_->preempt(b_, kKeyB, kKeyA, kWeRo, false)[0].value);
+  ASSERT_FALSE(target_.unit_attentions(lus_[0], kNexusA1).empty());
+
+  auto requests =
+      prout_every_path(LogicalUnit{.wwn = a_[0].wwn, .name = a_[0].name, .paths = {a_[0].paths[0]}},
+                       codec::prout_register_and_ignore(kKeyA), "REGISTER (new path)");
+  ASSERT_EQ(requests.size(), 1U);
+  requests[0].stop_when_preempted = true;
+  const auto responses = client_->run(std::move(requests));
+  ASSERT_EQ(responses.size(), 1U);
+  EXPECT_FALSE(responses[0].data.has_value()) << "stopped with an error";
+  ASSERT_EQ(responses[0].attempts.size(), 1U) << "not resent";
+  ASSERT_TRUE(responses[0].attempts[0].sense.has_value());
+  EXPECT_EQ(responses[0].attempts[0].sense->asc, 0x2a);
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{kKeyB})) << "the preempted key stays off";
 }
 
 TEST_F(ClientTest, ReservationConflictIsNeverRetried) {
