@@ -834,12 +834,19 @@ TEST(CheckerS1, ALowerEpochRacersPreemptOfAnUnopenedKeyFencesNothing) {
 // 16 ms. Node 2 (epoch 2) registers on LU 0 at 14 ms, before that read (the read saw it, so
 // nothing excuses the gate: the skip_verify mutant), or, `racer_after_verify`, at 15.5 ms just
 // after it (the read could not see it). Node 2 then takes over and node 1's monitor notices.
-History gate_opens_beside_a_racer(bool racer_after_verify) {
-  History h = two_nodes(1);
+History gate_opens_beside_a_racer(bool racer_after_verify, bool third_node = false) {
+  History h(1, third_node ? std::vector<std::uint16_t>{1, 2, 3} : std::vector<std::uint16_t>{1, 2});
+  for (std::uint16_t node = 1; node <= (third_node ? 3 : 2); ++node) {
+    h.boot(node, 0ms);
+  }
   begin_acquire(h, 1, 10ms, key_of(1, 1));  // registers at 12 ms
   take(h, 1, 13ms, key_of(1, 1));           // RESERVE
   h.acquire_called(2, 13ms, "acquire");
   h.set_key(2, key_of(2, 2));
+  if (third_node) {
+    h.acquire_called(3, 13ms, "acquire");
+    h.set_key(3, key_of(3, 3));
+  }
   if (!racer_after_verify) {
     h.prout(2, 14ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(2, 2));
   }
@@ -848,6 +855,9 @@ History gate_opens_beside_a_racer(bool racer_after_verify) {
   if (racer_after_verify) {
     h.prout(2, 15500us, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(2, 2));
   }
+  if (third_node) {
+    h.prout(3, 15600us, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(3, 3));
+  }
   h.reap(verify, 16ms, kGood);
   h.reap(verify_keys, 16ms, kGood);
   h.open_gate(1, 16ms, 15ms);
@@ -855,6 +865,9 @@ History gate_opens_beside_a_racer(bool racer_after_verify) {
   h.op_done(1, 16ms, true, "acquire: acquired");
   take(h, 2, 20ms, key_of(2, 2));
   finish_acquire(h, 2, 21ms);
+  if (third_node) {
+    fail_acquire(h, 3, 25ms);
+  }
   fenced(h, 1, 30ms);
   return h;
 }
@@ -1099,50 +1112,18 @@ TEST(CheckerS2, ARoundWithAFailedReadLeavesTheLeaseInForce) {
 
 // --- S2 at the gate opening: the excuse must explain every difference ---
 
-// As gate_opens_beside_a_racer, with a third node: node 2 (epoch 2) registers at 14 ms, before
+// gate_opens_beside_a_racer with `third_node`: node 2 (epoch 2) registers at 14 ms, before
 // node 1's verify read at 15 ms, or, `racer_after_verify`, at 15.5 ms; node 3 (epoch 3) registers
 // at 15.6 ms, after the read, in any case. Node 3's REGISTER explains node 3's key, not node 2's:
 // a key the read saw is no excuse because another node's PR OUT came after it. Node 2 then takes
 // over (removing node 3's key too), node 3's acquire fails, and node 1's monitor notices.
-History gate_opens_beside_two_racers(bool racer_after_verify) {
-  History h(1, {1, 2, 3});
-  h.boot(1, 0ms);
-  h.boot(2, 0ms);
-  h.boot(3, 0ms);
-  begin_acquire(h, 1, 10ms, key_of(1, 1));  // registers at 12 ms
-  take(h, 1, 13ms, key_of(1, 1));           // RESERVE
-  h.acquire_called(2, 13ms, "acquire");
-  h.set_key(2, key_of(2, 2));
-  h.acquire_called(3, 13ms, "acquire");
-  h.set_key(3, key_of(3, 3));
-  if (!racer_after_verify) {
-    h.prout(2, 14ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(2, 2));
-  }
-  const std::size_t verify = h.submit_read(1, 15ms, 0, PrInAction::kReadReservation);
-  const std::size_t verify_keys = h.submit_read(1, 15ms, 0, PrInAction::kReadKeys);
-  if (racer_after_verify) {
-    h.prout(2, 15500us, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(2, 2));
-  }
-  h.prout(3, 15600us, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(3, 3));
-  h.reap(verify, 16ms, kGood);
-  h.reap(verify_keys, 16ms, kGood);
-  h.open_gate(1, 16ms, 15ms);
-  h.event(1, 16ms, EventKind::kAcquired);
-  h.op_done(1, 16ms, true, "acquire: acquired");
-  take(h, 2, 20ms, key_of(2, 2));
-  finish_acquire(h, 2, 21ms);
-  fail_acquire(h, 3, 25ms);
-  fenced(h, 1, 30ms);
-  return h;
-}
-
 TEST(CheckerS2, AThirdNodesRegisterAfterTheReadExcusesNoEarlierRacer) {
-  History h = gate_opens_beside_two_racers(false);
+  History h = gate_opens_beside_a_racer(false, true);
   EXPECT_TRUE(fires(h, {"S2"}, "node 1 opened its gate with 0x6c9d000100000001 (n1 e1) while"));
 }
 
 TEST(CheckerS2, TwoRacersRegisteringAfterTheVerifyReadExcuseTheGate) {
-  History h = gate_opens_beside_two_racers(true);
+  History h = gate_opens_beside_a_racer(true, true);
   EXPECT_TRUE(fires(h, {}));
 }
 
