@@ -543,7 +543,8 @@ void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& nod
 }
 
 // One monitor round of a node: its PR INs submitted at one instant, each replaced by its
-// resubmission after an answer that says it did not execute.
+// resubmission (the engine's next attempt of the same request) after an answer that says it did
+// not execute.
 struct Round {
   std::vector<const Command*> reads;
   std::uint64_t first_seq = 0;
@@ -581,10 +582,12 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
   std::sort(reads.begin(), reads.end(),
             [](const Command* a, const Command* b) { return a->submitted_seq < b->submitted_seq; });
   std::vector<Round> rounds;
-  // (nexus, bytes) -> (round, slot) of a read that did not execute, awaiting its resubmission
-  std::map<std::pair<transport::NexusId, std::string>, std::pair<std::size_t, std::size_t>> retry;
+  // (boot, request) -> (round, slot) of a read that did not execute, awaiting its resubmission. The
+  // request, not the bytes: a new round may send the same bytes on the same nexus while an older
+  // round's read waits to be resent, and taking one for the other mixes two rounds.
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::pair<std::size_t, std::size_t>> retry;
   for (const Command* read : reads) {
-    const auto key = std::pair(read->nexus, read->bytes);
+    const auto key = std::pair(read->boot, read->request);
     std::pair<std::size_t, std::size_t> at;
     const auto awaiting = retry.find(key);
     if (awaiting != retry.end() &&

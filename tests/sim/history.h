@@ -54,6 +54,10 @@ struct Command {
   // The CDB and the parameter data as sent: two submissions with the same bytes on the same nexus
   // are the same command (the engine resubmitting one that did not execute).
   std::string bytes;
+  // The engine's request this command is an attempt of (pr::request_of_tag of its tag), unique
+  // within one boot of the node: a resubmission, or a read sent on the next path, has the same one
+  // as the first attempt, while a new request with the same bytes has its own.
+  std::uint64_t request = 0;
 
   bool is_prout() const { return opcode == kPrOut; }
   bool is_prin() const { return opcode == kPrIn; }

@@ -44,6 +44,7 @@ Result<void> RecordingTransport::submit(PathId path, transport::Command command)
   record.bytes.assign(reinterpret_cast<const char*>(command.cdb.data()), command.cdb_size);
   record.bytes.append(reinterpret_cast<const char*>(command.data_out.data()),
                       command.data_out.size());
+  record.request = pr::request_of_tag(command.tag);
   const std::uint64_t tag = command.tag;
   const std::size_t index = world_.add_command(std::move(record));
   auto submitted = inner_->submit(path, std::move(command));

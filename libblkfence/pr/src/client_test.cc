@@ -1,10 +1,14 @@
 // Proves the PR client's policy against the simulated SPC-4 target: registrations reach every path
 // of a LU; a command that meets a unit attention is retried and takes effect, and the attempt is
-// recorded, unless the request asked to stop when the registrations changed; RESERVATION CONFLICT
-// is never retried; a lost answer is indeterminate, never "failed",
-// and not retried; reads fail over to the next path on a transport error while PR OUT does not;
-// one batch covers many LUs.
+// recorded, unless the request asked to stop when the registrations changed; every attempt's tag
+// names its request; RESERVATION CONFLICT is never retried; a lost answer is indeterminate, never
+// "failed", and not retried; reads fail over to the next path on a transport error while PR OUT
+// does not; one batch covers many LUs.
 #include "blkfence/pr/client.h"
+
+#include <map>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -113,6 +117,38 @@ TEST_F(ClientTest, UnitAttentionIsRetriedAndTheCommandTakesEffect) {
   }
   EXPECT_EQ(unit_attentions, 2) << "one per nexus of A, each retried";
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{kKeyB, kKeyA + 1, kKeyA + 1}));
+}
+
+// The tags of the commands name their request: a resend after the unit attention keeps its
+// request's, and the two paths' registrations (two requests of one batch) have their own.
+TEST_F(ClientTest, EveryAttemptOfARequestCarriesItsRequestInTheTag) {
+  std::vector<std::pair<transport::NexusId, std::uint64_t>> sent;  // nexus, tag
+  use_faults([&sent](const FaultContext& c) {
+    sent.emplace_back(c.nexus, c.command.tag);
+    return Fault{};
+  });
+  ASSERT_TRUE(client_->register_and_ignore(a_, kKeyA)[0].value);
+  ASSERT_TRUE(client_->reserve(a_, kKeyA, kWeRo)[0].value);
+  ASSERT_TRUE(client_->register_and_ignore(b_, kKeyB)[0].value);
+  ASSERT_TRUE(client_->preempt(b_, kKeyB, kKeyA, kWeRo, false)[0].value);  // A's nexuses: 2A/05
+  const std::size_t before = sent.size();
+  ASSERT_TRUE(client_->register_and_ignore({a_[0]}, kKeyA + 1)[0].value);
+
+  std::map<transport::NexusId, std::vector<std::uint64_t>> tags;
+  for (std::size_t i = before; i < sent.size(); ++i) {
+    tags[sent[i].first].push_back(sent[i].second);
+  }
+  ASSERT_EQ(tags.size(), 2U);
+  for (const auto& [nexus, of_nexus] : tags) {
+    ASSERT_EQ(of_nexus.size(), 2U) << "nexus " << nexus << ": the unit attention, then the resend";
+    EXPECT_NE(of_nexus[0], of_nexus[1]) << "each attempt has a tag of its own";
+    EXPECT_EQ(request_of_tag(of_nexus[0]), request_of_tag(of_nexus[1]));
+  }
+  EXPECT_NE(request_of_tag(tags[kNexusA1][0]), request_of_tag(tags[kNexusA2][0]));
+  for (std::size_t i = 0; i < before; ++i) {
+    EXPECT_NE(request_of_tag(sent[i].second), request_of_tag(tags[kNexusA1][0]));
+    EXPECT_NE(request_of_tag(sent[i].second), request_of_tag(tags[kNexusA2][0]));
+  }
 }
 
 // A request that is right only in the state its caller read stops, instead of being resent, at a

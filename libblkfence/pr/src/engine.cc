@@ -38,6 +38,8 @@ Error attempt_error(const Attempt& attempt, const transport::Completion& complet
 }  // namespace
 
 struct Engine::Slot {
+  std::uint64_t request = 0;  // the request's serial (request_of_tag of its attempts)
+  std::uint64_t attempts = 0;
   std::size_t candidate = 0;
   int unit_attentions = 0;
   int not_ready = 0;
@@ -81,6 +83,9 @@ void Engine::start(std::vector<Request> requests, Time now, Done done) {
       requests.size(),
       Response{.data = fail(ErrorCode::kInvalidArgument, "no attempt was made"), .attempts = {}});
   batch->slots.resize(requests.size());
+  for (Slot& slot : batch->slots) {
+    slot.request = next_request_++;
+  }
   batch->requests = std::move(requests);
   batch->done = std::move(done);
   Batch& ref = *batch;
@@ -113,7 +118,8 @@ void Engine::submit(Batch& batch, std::size_t index, Time now) {
     Result<void> submitted = path ? Result<void>{} : tl::unexpected(path.error());
     if (path) {
       transport::Command command = request.command;
-      command.tag = next_tag_++;
+      command.tag = (slot.request << kTagAttemptBits) |
+                    (slot.attempts++ & ((std::uint64_t{1} << kTagAttemptBits) - 1));
       command.timeout = policy_.command_timeout;
       const std::uint64_t tag = command.tag;
       submitted = transport_.submit(*path, std::move(command));

@@ -72,6 +72,15 @@ struct Response {
   std::vector<Attempt> attempts;
 };
 
+// The tag of a command the engine submits names the request it is an attempt of: every attempt of
+// one request (a resubmission after a unit attention, BUSY or TASK ABORTED, or a read on its next
+// path) has the same request_of_tag(), and no two requests of one engine share one. A trace of the
+// commands can so tell a resubmission from a new request with the same bytes on the same nexus.
+inline constexpr unsigned kTagAttemptBits = 16;
+constexpr std::uint64_t request_of_tag(std::uint64_t tag) {
+  return tag >> kTagAttemptBits;
+}
+
 class Engine {
  public:
   // Responses in the order of the batch's requests, and the time of the event that finished it.
@@ -114,7 +123,7 @@ class Engine {
   RetryPolicy policy_;
   std::map<std::string, transport::PathId> paths_;
   std::uint64_t next_batch_ = 1;
-  std::uint64_t next_tag_ = 1;
+  std::uint64_t next_request_ = 1;  // the serial of the next request, in its tags' high bits
   std::map<std::uint64_t, std::unique_ptr<Batch>> batches_;
   // tag of a submitted attempt -> (batch, request index)
   std::map<std::uint64_t, std::pair<std::uint64_t, std::size_t>> tags_;
