@@ -74,7 +74,12 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
     if (state_ == State::kUnknown) {
       detail_ = "cannot read the LUs: " + reads.errors(options_.lus);
     }
-    return;  // the lease decides (on_time)
+    // A read that failed proves nothing, but one that came back and shows our key gone does,
+    // whatever became of the others: the gate closes at this round, not at the lease's end.
+    if ((state_ == State::kHeld || state_ == State::kLostContact) && key_) {
+      fenced_if_lost(reads, now);
+    }
+    return;  // otherwise the lease decides (on_time)
   }
   last_read_ok_ = started;
   if (state_ == State::kUnknown) {
@@ -106,10 +111,28 @@ void Resource::count_check(Time started, Time now) {
 // Exclusive: our key must still hold every LU and be registered there (keys, when read).
 void Resource::check_held(const Reads& reads, bool has_keys, Time started, Time now) {
   BLKFENCE_ASSERT(key_.has_value());
+  if (fenced_if_lost(reads, now)) {
+    return;
+  }
+  last_success_ = started;
+  if (has_keys) {
+    preempt_strays(reads, now);
+  }
+  if (state_ == State::kLostContact) {
+    reopen_after_lost_contact(reads, has_keys, started, now);
+  }
+}
+
+// Exclusive: the fence, declared on the first LU whose answers show our key no longer holding it
+// (another holder, no reservation, or our key not registered). Only the answers that came back
+// count, so a round with a failed read still proves what its other reads show.
+bool Resource::fenced_if_lost(const Reads& reads, Time now) {
+  BLKFENCE_ASSERT(key_.has_value());
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    const bool holder_read = reads.lus[i].reservation.has_value();
     const auto holder = reads.holder(i);
-    const bool key_gone = has_keys && !reads.registered(i, key_->value());
-    if (holder != key_->value() || key_gone) {
+    const bool key_gone = reads.lus[i].keys.has_value() && !reads.registered(i, key_->value());
+    if ((holder_read && holder != key_->value()) || key_gone) {
       // READ RESERVATION may have run before the preempt and READ KEYS after it: the holder
       // read is then our own key, and the one that fenced us is the key registered instead.
       std::optional<std::uint64_t> by = holder;
@@ -121,16 +144,10 @@ void Resource::check_held(const Reads& reads, bool has_keys, Time started, Time 
              holder ? "the reservation is held by " + Key::format(*holder)
                     : (key_gone ? "our key is no longer registered" : "no reservation"),
              now);
-      return;
+      return true;
     }
   }
-  last_success_ = started;
-  if (has_keys) {
-    preempt_strays(reads, now);
-  }
-  if (state_ == State::kLostContact) {
-    reopen_after_lost_contact(reads, has_keys, started, now);
-  }
+  return false;
 }
 
 // Lost contact ends when a check sees our key as the holder again; the gate reopens only while it

@@ -1,9 +1,10 @@
 // Proves fence::Resource's monitor (docs/protocol.md, "Monitor") on the bench of
 // resource_test_bench.h: lost contact fails closed after the lease and reopens only for a
-// still-sole holder, on a check younger than the lease, or ends fenced when another node took
-// over; strays are preempted one check_interval after they are first seen, less and less often
-// when they keep coming back; a fenced node never registers again by itself (S5); a fence seen
-// half before the preempt names the preemptor.
+// still-sole holder, on a check younger than the lease, or ends fenced when another node took over;
+// a round with a failed read fences on what its other reads show; strays are preempted one
+// check_interval after they are first seen, less and less often when they keep coming back; a
+// fenced node never registers again by itself (S5); a fence seen half before the preempt names the
+// preemptor.
 #include <gtest/gtest.h>
 
 #include "resource_test_bench.h"
@@ -138,6 +139,27 @@ TEST_F(ResourceTest, LostContactEndsFencedWhenAnotherNodeTookOver) {
   EXPECT_FALSE(a->resource->gate_open());
   EXPECT_EQ(a->recorder.count(EventKind::kContactRestored), 0U);
   EXPECT_EQ(a->resource->fenced_by(), key_b.value());
+}
+
+// One LU stops answering A just as B takes over: A's next round reads B's key on the other LUs
+// while its read of that LU times out. That read proves nothing, but the others prove the fence:
+// A is fenced as that round ends, not left open until the lease runs out and then "lost contact".
+TEST_F(ResourceTest, ARoundWithAFailedReadStillFencesOnWhatItsOtherReadsShow) {
+  a->boot(a->options());
+  b->boot(b->options());
+  (void)acquired(*a);
+  const auto checked = a->resource->last_success();
+  ASSERT_TRUE(run_until([&] { return a->resource->last_success() != checked; }));
+  const Time last_success = *a->resource->last_success();
+  a->transport->set_link(LuId{1}, LinkState::kNoAnswer);
+  const Key key_b = acquired(*b);
+  const Time preempted = now();
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  EXPECT_EQ(a->resource->state(), State::kFenced);
+  EXPECT_EQ(a->resource->fenced_by(), key_b.value());
+  EXPECT_EQ(a->recorder.count(EventKind::kLostContact), 0U);
+  EXPECT_LE(now(), preempted + kCheckInterval + kCommandTimeout + 4 * kLatencyMax);
+  EXPECT_LT(now(), last_success + kLease);
 }
 
 // A stray is preempted only once a keys read at least one check_interval after the first that

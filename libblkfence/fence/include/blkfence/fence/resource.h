@@ -237,6 +237,7 @@ class Resource {
   void check_done(const Reads& reads, Time started, Time now);
   void count_check(Time started, Time now);
   void check_held(const Reads& reads, bool has_keys, Time started, Time now);
+  bool fenced_if_lost(const Reads& reads, Time now);
   void reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started, Time now);
   void check_unfenced(const Reads& reads, bool has_keys, Time started, Time now);
   void take_back_leftover(const Reads& reads, Time now);
