@@ -300,6 +300,15 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
       if (!holder || *holder == key.value()) {
         continue;  // ours, or nobody's: the key keeps it, gate closed, as after a release
       }
+      if (ours(*holder)) {
+        // An older key of ours holds (a release keeps the reservation). A REGISTER AND IGNORE
+        // EXISTING KEY of the new key on the nexus that holds it moves the reservation to the new
+        // key, and one that timed out may still execute, after this read: unregistering the new
+        // key now could drop the reservation (S1). It stays registered, as where a PREEMPT of
+        // ours timed out, and nobody won this LU.
+        left += (left.empty() ? "" : ", ") + options_.lus[i].name;
+        continue;
+      }
       winner = holder;
       // Lost on this LU, and our key is registered there (or its keys could not be read, and a
       // REGISTER of ours may have executed, S4): our registration would let this node write under
@@ -328,8 +337,8 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
       detail += "; " + Key::format(*winner) + " holds it";
     }
     if (!left.empty()) {
-      detail += "; " + key.to_string() + " stays registered on " + left +
-                " until a PREEMPT of ours that timed out can no longer execute";
+      detail += "; " + key.to_string() + " is not taken back from " + left +
+                " until a command of ours that timed out can no longer execute";
       leftover_ = Leftover{.key = key, .after = at + late_execution_horizon()};
     }
     if (auto given_up = give_up(key); !given_up) {
