@@ -192,6 +192,73 @@ Replay replay(const Run& run, std::vector<Violation>& violations) {
   return out;
 }
 
+// One monitor round of a node: its PR INs submitted at one instant, each replaced by the engine's
+// next attempt of the same request (a resend, or the next path), if any.
+struct Round {
+  std::vector<const Command*> reads;
+  std::uint64_t first_seq = 0;
+
+  bool ended() const {
+    return std::all_of(reads.begin(), reads.end(),
+                       [](const Command* read) { return read->completed; });
+  }
+  const Command& last() const {
+    return **std::max_element(reads.begin(), reads.end(), [](const Command* a, const Command* b) {
+      return a->completed_seq < b->completed_seq;
+    });
+  }
+  // The first read that shows `key` is not the holder, or not registered, on its LU.
+  const Command* reveals_loss(std::uint64_t key) const {
+    for (const Command* read : reads) {
+      const auto view = answer::view_of(*read);
+      if (view && ((view->shows_reservation && view->holder != key) ||
+                   (view->shows_keys &&
+                    std::find(view->keys.begin(), view->keys.end(), key) == view->keys.end()))) {
+        return read;
+      }
+    }
+    return nullptr;
+  }
+};
+
+std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
+  std::vector<const Command*> reads;
+  for (const Command& command : run.commands) {
+    if (command.node == node_id && command.is_prin()) {
+      reads.push_back(&command);
+    }
+  }
+  std::sort(reads.begin(), reads.end(),
+            [](const Command* a, const Command* b) { return a->submitted_seq < b->submitted_seq; });
+  std::vector<Round> rounds;
+  // (boot, request) -> (round, slot) of the latest attempt of each request: the engine's next
+  // attempt of it (a resend after an answer that says it did not execute, or the read sent on the
+  // next path after a transport error) takes its place in its round. The request, not the bytes:
+  // a new round may send the same bytes on the same nexus while an older round's read waits to be
+  // resent, and taking one for the other mixes two rounds.
+  std::map<std::pair<std::uint32_t, std::uint64_t>, std::pair<std::size_t, std::size_t>> retry;
+  for (const Command* read : reads) {
+    const auto key = std::pair(read->boot, read->request);
+    std::pair<std::size_t, std::size_t> at;
+    const auto awaiting = retry.find(key);
+    if (awaiting != retry.end() &&
+        rounds[awaiting->second.first].reads[awaiting->second.second]->completed_seq <
+            read->submitted_seq) {
+      at = awaiting->second;
+      rounds[at.first].reads[at.second] = read;
+    } else {
+      if (rounds.empty() || rounds.back().reads.front()->submitted != read->submitted ||
+          rounds.back().reads.front()->boot != read->boot) {
+        rounds.push_back(Round{{}, read->submitted_seq});
+      }
+      at = {rounds.size() - 1, rounds.back().reads.size()};
+      rounds.back().reads.push_back(read);
+    }
+    retry[key] = at;
+  }
+  return rounds;
+}
+
 // S1 (docs/protocol.md: no write from a nexus whose key was preempted lands after the preempt
 // completed), on the target's own clock. Let P be a PR OUT record on LU L (target sequence s_P,
 // executed at P.at) issued from a nexus of node M with key K_M, whose `unregistered` list removed
@@ -203,6 +270,48 @@ Replay replay(const Run& run, std::vector<Violation>& violations) {
 // higher epoch's acquire took L from V's key of epoch e, nothing V wrote with epoch e or older
 // lands on L, whether it was on the wire, held in the target's task set (PREEMPT AND ABORT must
 // abort it) or sent later by a writer that did not know yet.
+//
+// One window is open, and excused (docs/protocol.md, "Paths that come and go"): SPC-4 has no
+// conditional registration, so a new path's REGISTER AND IGNORE EXISTING KEY that V sent while its
+// reads showed K_V current may execute just after P removed K_V. The new nexus then carries K_V,
+// and under a Registrants Only type V's writer can write through it until V learns of the fence.
+// W is excused when (a) it came through a nexus X of V that a REGISTER from X with K_V registered
+// after P and before W, and (b) V's writer issued it before V could know: before the end of V's
+// first round of reads submitted after P, all back, that shows K_V gone (as S2's reveal reads it),
+// and before V's gate closed after P. A write issued later, or through a nexus registered before
+// P, is a violation.
+bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::uint64_t key,
+                               const WriteRecord& write, const WriteIssue& issue) {
+  const auto registered = std::find_if(
+      run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
+        const bool registration =
+            record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
+            record.service_action ==
+                static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+        return registration && record.outcome.status == 0 && record.sa_key == key &&
+               record.lu == write.lu && record.nexus == write.nexus &&
+               record.sequence > fence.sequence && record.sequence < write.sequence;
+      });
+  if (registered == run.target->prouts.end()) {
+    return false;
+  }
+  Time knows = run.end;
+  for (const Round& round : rounds_of(run, issue.node)) {
+    if (round.reads.front()->submitted >= fence.at && round.ended() &&
+        round.reveals_loss(key) != nullptr) {
+      knows = std::min(knows, round.last().completed_at);
+    }
+  }
+  for (const Entry& entry : run.trace) {
+    if (entry.node == issue.node && entry.kind == EntryKind::kGate && !entry.open &&
+        entry.at >= fence.at) {
+      knows = std::min(knows, entry.at);
+      break;
+    }
+  }
+  return issue.issued < knows;
+}
+
 void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
   // (LU, victim node) -> the fencing removals, in target order.
   std::map<std::uint64_t, Time> opened;  // keys that opened a gate, and when they first did
@@ -237,7 +346,8 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
     }
     for (const Replay::Removal* removal : found->second) {
       if (removal->record->sequence < write.sequence &&
-          issue->second.epoch() <= epoch_of_key(removal->key)) {
+          issue->second.epoch() <= epoch_of_key(removal->key) &&
+          !late_registration_excuses(run, *removal->record, removal->key, write, issue->second)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);
         violations.push_back(
             {"S1",
@@ -395,11 +505,13 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
 //          read reaped at that moment still counts, as the daemon handles its answers before its
 //          timers. A gate that opens with some LU lacking such a read breaks it at once.
 // (reveal) A round of N's monitor (its PR INs submitted at one instant, each followed through the
-//          resubmissions of answers that say it did not execute) that completed GOOD everywhere
-//          and shows, on some LU, another holder or no reservation (READ RESERVATION) or K missing
-//          (READ KEYS), closes the gate when it completes: the gate is not open after the round's
-//          last answer was reaped. Rounds during which an operation of the resource ran (kBusy)
-//          are its own reads, not the monitor's, and are not judged.
+//          engine's further attempts of its request: resends, the next path) whose reads are all
+//          back, and one of which, answered GOOD, shows on some LU another holder or no reservation
+//          (READ RESERVATION) or K missing (READ KEYS), closes the gate when it completes: the gate
+//          is not open after the round's last answer was reaped. Its other reads may have failed: a
+//          failed read proves nothing, but does not undo what another one showed. Rounds during
+//          which an operation of the resource ran (kBusy) are its own reads, not the monitor's, and
+//          are not judged.
 // Together: a preempt of N's key is acted on within one check interval plus the round trip of the
 // round that sees it, or, when no round gets through, within the lease of the last good one.
 struct GateSpan {
@@ -542,75 +654,6 @@ void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& nod
   }
 }
 
-// One monitor round of a node: its PR INs submitted at one instant, each replaced by its
-// resubmission (the engine's next attempt of the same request) after an answer that says it did
-// not execute.
-struct Round {
-  std::vector<const Command*> reads;
-  std::uint64_t first_seq = 0;
-
-  bool good() const {
-    return std::all_of(reads.begin(), reads.end(),
-                       [](const Command* read) { return answer::good(*read); });
-  }
-  const Command& last() const {
-    return **std::max_element(reads.begin(), reads.end(), [](const Command* a, const Command* b) {
-      return a->completed_seq < b->completed_seq;
-    });
-  }
-  // The first read that shows `key` is not the holder, or not registered, on its LU.
-  const Command* reveals_loss(std::uint64_t key) const {
-    for (const Command* read : reads) {
-      const auto view = answer::view_of(*read);
-      if (view && ((view->shows_reservation && view->holder != key) ||
-                   (view->shows_keys &&
-                    std::find(view->keys.begin(), view->keys.end(), key) == view->keys.end()))) {
-        return read;
-      }
-    }
-    return nullptr;
-  }
-};
-
-std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
-  std::vector<const Command*> reads;
-  for (const Command& command : run.commands) {
-    if (command.node == node_id && command.is_prin()) {
-      reads.push_back(&command);
-    }
-  }
-  std::sort(reads.begin(), reads.end(),
-            [](const Command* a, const Command* b) { return a->submitted_seq < b->submitted_seq; });
-  std::vector<Round> rounds;
-  // (boot, request) -> (round, slot) of a read that did not execute, awaiting its resubmission. The
-  // request, not the bytes: a new round may send the same bytes on the same nexus while an older
-  // round's read waits to be resent, and taking one for the other mixes two rounds.
-  std::map<std::pair<std::uint32_t, std::uint64_t>, std::pair<std::size_t, std::size_t>> retry;
-  for (const Command* read : reads) {
-    const auto key = std::pair(read->boot, read->request);
-    std::pair<std::size_t, std::size_t> at;
-    const auto awaiting = retry.find(key);
-    if (awaiting != retry.end() &&
-        rounds[awaiting->second.first].reads[awaiting->second.second]->completed_seq <
-            read->submitted_seq) {
-      at = awaiting->second;
-      rounds[at.first].reads[at.second] = read;
-      retry.erase(awaiting);
-    } else {
-      if (rounds.empty() || rounds.back().reads.front()->submitted != read->submitted ||
-          rounds.back().reads.front()->boot != read->boot) {
-        rounds.push_back(Round{{}, read->submitted_seq});
-      }
-      at = {rounds.size() - 1, rounds.back().reads.size()};
-      rounds.back().reads.push_back(read);
-    }
-    if (read->completed && answer::did_not_execute(*read)) {
-      retry[key] = at;
-    }
-  }
-  return rounds;
-}
-
 // Whether the resource ran an operation at some moment between two sequence numbers.
 bool busy_between(const NodeRecord& node, std::uint64_t from, std::uint64_t to) {
   bool busy = false;
@@ -630,7 +673,9 @@ void check_s2_reveal(const Run& run, std::uint16_t node_id, const NodeRecord& no
   for (const GateSpan& span : node.gates) {
     const std::uint64_t key = span.open->key.value_or(0);
     for (const Round& round : rounds) {
-      if (round.first_seq < span.open->seq || !round.good()) {
+      // A read that failed proves nothing, but what the others showed is proven: a round is
+      // judged once all its reads are back, whatever became of them.
+      if (round.first_seq < span.open->seq || !round.ended()) {
         continue;
       }
       const Command& last = round.last();
