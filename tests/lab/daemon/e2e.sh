@@ -10,8 +10,9 @@
 #   2. restarts: A's daemon restarted after the fence does not register (S5); B's daemon restarted
 #      while holding adopts its verified key, and the epoch never goes back (S3);
 #   3. B releases: its gate closes, its key keeps the reservation (a LU must never be left without
-#      one), and its restarted daemon does not adopt it; then racing acquires from A and B end
-#      with exactly one holder and one open gate;
+#      one), and its restarted daemon does not adopt it; then A acquires from the released holder
+#      and ends as the only holder with the only open gate (racing acquires are left to the
+#      simulation and `stress/race_acquires.sh`: they can wedge LIO, see tests/lab/README.md);
 #   4. shared mode: A and B unfenced, A fences B, B's writes are refused and A's succeed;
 #   5. (iSCSI) the storage becomes unreachable (A's session is logged out): A's gate closes after
 #      the lease.
@@ -184,30 +185,17 @@ lab_expect_eq "S3: B's persisted epoch moved one past it" "$(cat "$BF/B/state/db
 bf_stop B
 lab_expect "B's daemon restarts after the release" bf_start B
 lab_expect_eq "restarted B does not adopt its released key" "$(bf_field B db state)/$(bf_field B db gate_open)" released/false
-bf_ctl A acquire db --timeout 30s >"$BF/A/race.out" 2>&1 &
-race_a=$!
-bf_ctl B acquire db --timeout 30s >"$BF/B/race.out" 2>&1 &
-race_b=$!
-wait "$race_a"; rc_a=$?
-wait "$race_b"; rc_b=$?
-lab_log "racing acquires: A exited $rc_a, B exited $rc_b"
-# Both may succeed one after the other (the later one preempts the earlier), or one may lose the
-# race (exit 4); either way it must end with one holder and one open gate.
-clean=no
-[[ ($rc_a == 0 || $rc_a == 4) && ($rc_b == 0 || $rc_b == 4) && ($rc_a == 0 || $rc_b == 0) ]] && clean=yes
-lab_expect_eq "each racing acquire succeeded or lost cleanly (exit 0 or 4), one at least succeeded" "$clean" yes
-# The holder is whoever the LUs say; the other node's gate closes within its next check.
-holder=$(lab_holder_key "$a_dev")
-winner=A loser=B
-[[ $holder == "$(bf_field B db key)" ]] && winner=B loser=A
-key_w=$(bf_field "$winner" db key)
-lab_expect_key "the LU's holder is one of the racers ($winner)" "$key_w" lab_holder_key "$a_dev"
-lab_expect "the other racer's gate is closed" bf_await "$loser" db gate_open false
-lab_expect_eq "exactly one gate is open: $winner's" \
-  "$(bf_field A db gate_open) $(bf_field B db gate_open)" "$([[ $winner == A ]] && echo "true false" || echo "false true")"
-lab_expect_eq "exactly one token file" "$(ls "$BF"/A/run/db.token "$BF"/B/run/db.token 2>/dev/null)" "$BF/$winner/run/db.token"
-lab_expect_read "the winner's key is the only key on every LU" "$key_w " bf_keys_everywhere $db_lus
-lab_expect "S3: the winner's epoch is above every earlier one" test "$(bf_field "$winner" db epoch)" -gt "$epoch_b"
+# A takes over from the released holder: its acquire preempts B's key, which no node holds open.
+# (Two nodes acquiring at the same moment make their PR OUTs meet in the target, which can wedge
+# LIO on 6.1: tests/lab/README.md, "Limits". The simulation races acquires: tests/sim.)
+lab_expect "A acquires db from the released holder" bf_ctl A acquire db --timeout 30s
+key_a2=$(bf_field A db key)
+lab_expect_key "A's new key holds every LU" "$key_a2" lab_holder_key "$a_dev"
+lab_expect_read "A's new key is the only key on every LU" "$key_a2 " bf_keys_everywhere $db_lus
+lab_expect_read "A's gate is open" true bf_field A db gate_open
+lab_expect_read "B's gate stays closed" false bf_field B db gate_open
+lab_expect_eq "exactly one token file: A's" "$(ls "$BF"/A/run/db.token "$BF"/B/run/db.token 2>/dev/null)" "$BF/A/run/db.token"
+lab_expect "S3: A's epoch is above every earlier one" test "$(bf_field A db epoch)" -gt "$epoch_b"
 
 # --- 4. shared mode ------------------------------------------------------------------------------
 if [[ -n $shared_lu ]]; then
@@ -226,7 +214,6 @@ fi
 
 # --- 5. storage unreachable (iSCSI) --------------------------------------------------------------
 if [[ $LAB_FABRIC == iscsi ]]; then
-  [[ $winner == A ]] || lab_expect "A acquires db" bf_ctl A acquire db --timeout 30s
   iscsiadm -m node -T "$lab_iscsi_target" -p 127.0.0.1:3260 -I lab-a --logout >/dev/null 2>&1
   t_drop=$EPOCHREALTIME
   lab_expect "A loses contact after the lease" bf_await A db state lost-contact 100
