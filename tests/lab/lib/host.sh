@@ -123,21 +123,27 @@ lab_build_initramfs() {
   rm -rf "$dir"
 }
 
-# lab_accel: kvm when /dev/kvm is there and a VM actually starts on it, else tcg;
-# BLKFENCE_LAB_ACCEL=tcg|kvm overrides. Some hosts expose a /dev/kvm that cannot run this guest
-# (nested virtualisation refusing an MSR: qemu aborts at once), so an empty VM is started first: if
-# it is still running after 3 s, KVM works.
+# lab_accel: kvm when /dev/kvm is there and the lab's kernel actually boots on it, else tcg;
+# BLKFENCE_LAB_ACCEL=tcg|kvm overrides. Some hosts expose a /dev/kvm that cannot run this guest:
+# nested virtualisation refusing an MSR makes qemu abort at once, or the guest hang in the firmware
+# with qemu still running (so "still running after 3 s" proves nothing). The probe boots the lab's
+# kernel with no initramfs and waits up to 10 s for its banner on the serial console; under KVM it
+# prints it within a second, then panics for want of a root file system and qemu exits.
 lab_accel() {
   if [[ -n ${BLKFENCE_LAB_ACCEL:-} ]]; then
     echo "$BLKFENCE_LAB_ACCEL"
     return
   fi
   [[ -r /dev/kvm && -w /dev/kvm ]] || { echo tcg; return; }
-  local rc=0
+  local console accel=tcg
+  console=$(mktemp)
   # bash reports a child killed by SIGABRT on its own stderr: silenced around the whole command.
-  { timeout 3 qemu-system-x86_64 -machine q35,accel=kvm -cpu max -m 256 -nodefaults -display none \
-    -no-reboot </dev/null >/dev/null 2>&1 || rc=$?; } 2>/dev/null
-  if ((rc == 124)); then echo kvm; else echo tcg; fi
+  { timeout 10 qemu-system-x86_64 -machine q35,accel=kvm -cpu max -m 256 -nodefaults -display none \
+    -no-reboot -serial "file:$console" -kernel "$lab_kroot/boot/vmlinuz-$lab_kver" \
+    -append "console=ttyS0 panic=-1" </dev/null >/dev/null 2>&1; } 2>/dev/null
+  grep -aq "Linux version" "$console" && accel=kvm
+  rm -f "$console"
+  echo "$accel"
 }
 
 # lab_boot OUT_DIR INTERACTIVE TIMEOUT_S: boots the guest with the host root read-only and OUT_DIR
