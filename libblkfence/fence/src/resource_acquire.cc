@@ -438,39 +438,56 @@ void Resource::release_shared(Key key, Time now) {
     releases.push_back(
         pr::prout_first_path(lu, codec::prout_release(key.value(), options_.type), "RELEASE"));
   }
+  // S4: a PR OUT of ours that failed or timed out before (an unfence, a fence, the monitor's
+  // RESERVE) is read back before the RELEASE.
   after_monitor_prouts(now, [this, key, releases = std::move(releases)](Time from) mutable {
-    run(std::move(releases), from, [this, key](const std::vector<pr::Response>&, Time at) {
-      std::vector<pr::Request> unregisters;
-      for (const auto& lu : options_.lus) {
-        for (auto& request : pr::prout_every_path(lu, codec::prout_register(key.value(), 0),
-                                                  "REGISTER (unregister)")) {
-          unregisters.push_back(std::move(request));
-        }
-      }
-      run(std::move(unregisters), at, [this, key](const std::vector<pr::Response>&, Time done_at) {
-        // RESERVATION CONFLICT means the key was already gone; read back to report the truth.
-        read_all(true, done_at, [this, key](Reads reads, Time read_at) {
-          std::string left;
-          for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-            if (!reads.lus[i].error.empty() || reads.registered(i, key.value())) {
-              left += (left.empty() ? "" : ", ") + options_.lus[i].name;
-            }
-          }
-          if (left.empty()) {
-            set_state(State::kReleased, "released " + key.to_string());
-            emit(EventKind::kReleased, detail_);
-            key_.reset();
-            end(key, read_at);
+    read_all(
+        true, from,
+        [this, key, releases = std::move(releases)](const Reads& before, Time read) mutable {
+          if (!before.ok()) {
+            set_state(State::kReleased, "release failed: cannot read " +
+                                            before.errors(options_.lus) + "; " + key.to_string() +
+                                            " stays registered");
+            end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_),
+                read);
             return;
           }
-          set_state(State::kReleased,
-                    "released, but " + key.to_string() + " may still be registered on " + left);
-          emit(EventKind::kReleased, detail_);
-          end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_),
-              read_at);
+          run(std::move(releases), read, [this, key](const std::vector<pr::Response>&, Time at) {
+            std::vector<pr::Request> unregisters;
+            for (const auto& lu : options_.lus) {
+              for (auto& request : pr::prout_every_path(lu, codec::prout_register(key.value(), 0),
+                                                        "REGISTER (unregister)")) {
+                unregisters.push_back(std::move(request));
+              }
+            }
+            run(std::move(unregisters), at,
+                [this, key](const std::vector<pr::Response>&, Time done_at) {
+                  // RESERVATION CONFLICT means the key was already gone; read back to report the
+                  // truth.
+                  read_all(true, done_at, [this, key](Reads reads, Time read_at) {
+                    std::string left;
+                    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+                      if (!reads.lus[i].error.empty() || reads.registered(i, key.value())) {
+                        left += (left.empty() ? "" : ", ") + options_.lus[i].name;
+                      }
+                    }
+                    if (left.empty()) {
+                      set_state(State::kReleased, "released " + key.to_string());
+                      emit(EventKind::kReleased, detail_);
+                      key_.reset();
+                      end(key, read_at);
+                      return;
+                    }
+                    set_state(State::kReleased, "released, but " + key.to_string() +
+                                                    " may still be registered on " + left);
+                    emit(EventKind::kReleased, detail_);
+                    end(fail(ErrorCode::kIndeterminate,
+                             "release of " + options_.name + ": " + detail_),
+                        read_at);
+                  });
+                });
+          });
         });
-      });
-    });
   });
 }
 

@@ -76,7 +76,10 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
     }
     // A read that failed proves nothing, but one that came back and shows our key gone does,
     // whatever became of the others: the gate closes at this round, not at the lease's end.
-    if ((state_ == State::kHeld || state_ == State::kLostContact) && key_) {
+    const bool lost = state_ == State::kLostContact;
+    if (options_.mode == Mode::kShared && (state_ == State::kUnfenced || lost) && key_) {
+      fenced_if_removed(reads, now);
+    } else if ((state_ == State::kHeld || lost) && key_) {
       fenced_if_lost(reads, now);
     }
     return;  // otherwise the lease decides (on_time)
@@ -93,10 +96,11 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
   if (leftover_ && has_keys && started >= leftover_->after) {
     take_back_leftover(reads, now);
   }
-  if (state_ == State::kHeld || state_ == State::kLostContact) {
-    check_held(reads, has_keys, started, now);
-  } else if (state_ == State::kUnfenced) {
+  const bool lost = state_ == State::kLostContact;
+  if (options_.mode == Mode::kShared && (state_ == State::kUnfenced || lost)) {
     check_unfenced(reads, has_keys, started, now);
+  } else if (state_ == State::kHeld || lost) {
+    check_held(reads, has_keys, started, now);
   }
 }
 
@@ -176,15 +180,16 @@ void Resource::reopen_after_lost_contact(const Reads& reads, bool has_keys, Time
   emit(EventKind::kContactRestored, detail_);
 }
 
-// Shared: our key must stay registered on every LU, and a reservation must protect each.
+// Shared: our key must stay registered on every LU, and a reservation must protect each. Lost
+// contact ends when a check younger than the lease shows both again: the gate reopens in the
+// shared state (never as an exclusive holder, which would preempt the other members as strays).
 void Resource::check_unfenced(const Reads& reads, bool has_keys, Time started, Time now) {
   BLKFENCE_ASSERT(key_.has_value());
+  if (has_keys && fenced_if_removed(reads, now)) {
+    return;
+  }
   std::vector<pr::Request> reserves;
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    if (has_keys && !reads.registered(i, key_->value())) {
-      fenced(reads.holder(i), options_.lus[i].name, "our key was removed", now);
-      return;
-    }
     if (!reads.lus[i].reservation->reservation) {
       // Without a reservation any nexus may write; putting one back registers nothing (S5).
       reserves.push_back(pr::prout_first_path(
@@ -192,9 +197,42 @@ void Resource::check_unfenced(const Reads& reads, bool has_keys, Time started, T
     }
   }
   last_success_ = started;
+  const bool reserved = reserves.empty();
+  // S4: a RESERVE of ours that is still out, or was answered (perhaps failed) after this round was
+  // issued, is not sent again on this round's word: the next round reads what it did.
+  if (monitor_prouts_ > 0 || (monitor_prouts_answered_ && started < *monitor_prouts_answered_)) {
+    reserves.clear();
+  }
+  if (state_ == State::kLostContact) {
+    if (has_keys && reserved && now - started < options_.lease) {
+      set_state(State::kUnfenced, "contact is back and " + key_->to_string() +
+                                      " is still registered everywhere: gate reopened");
+      set_gate(true, started);
+      emit(EventKind::kContactRestored, detail_);
+    } else {
+      keys_next_ = true;
+      detail_ =
+          "contact is back; the gate reopens once a check within the lease shows our key "
+          "registered under a reservation on every LU";
+    }
+  }
   if (!reserves.empty()) {
     monitor_send(std::move(reserves), now);
   }
+}
+
+// Shared: the fence, declared on the first LU whose READ KEYS came back without our key (another
+// member's fence_node removed it). Only the answers that came back count, so a round with a failed
+// read still proves what its other reads show, as in exclusive mode (fenced_if_lost).
+bool Resource::fenced_if_removed(const Reads& reads, Time now) {
+  BLKFENCE_ASSERT(key_.has_value());
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    if (reads.lus[i].keys && !reads.registered(i, key_->value())) {
+      fenced(reads.holder(i), options_.lus[i].name, "our key was removed", now);
+      return true;
+    }
+  }
+  return false;
 }
 
 // The key of a failed acquire, still registered where another node holds, once no PREEMPT of that
@@ -282,6 +320,7 @@ void Resource::monitor_send(std::vector<pr::Request> requests, Time now) {
     if (alive.expired()) {
       return;
     }
+    monitor_prouts_answered_ = at;
     if (--monitor_prouts_ == 0 && waiting_) {
       auto step = std::move(waiting_);
       waiting_ = nullptr;

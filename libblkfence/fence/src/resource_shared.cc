@@ -34,15 +34,29 @@ void Resource::unfence(Time now, Done done) {
       requests.push_back(std::move(request));
     }
   }
+  // S4: a PR OUT of ours that failed or timed out before (an unfence, a fence, a release) is read
+  // back before we register again, whatever the register then does.
   after_monitor_prouts(now, [this, key, requests = std::move(requests)](Time from) mutable {
-    run(std::move(requests), from,
-        [this, key](const std::vector<pr::Response>& responses, Time at) {
-          if (const std::string error = first_error(responses); !error.empty()) {
-            set_state(State::kReleased, "unfence failed: " + error);
-            end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error), at);
+    read_all(
+        true, from,
+        [this, key, requests = std::move(requests)](const Reads& reads, Time read_at) mutable {
+          if (!reads.ok()) {
+            set_state(State::kReleased,
+                      "unfence failed: cannot read " + reads.errors(options_.lus));
+            end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + detail_),
+                read_at);
             return;
           }
-          unfence_reserve(key, at);
+          run(std::move(requests), read_at,
+              [this, key](const std::vector<pr::Response>& responses, Time at) {
+                if (const std::string error = first_error(responses); !error.empty()) {
+                  set_state(State::kReleased, "unfence failed: " + error);
+                  end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error),
+                      at);
+                  return;
+                }
+                unfence_reserve(key, at);
+              });
         });
   });
 }

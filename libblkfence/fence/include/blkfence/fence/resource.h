@@ -240,6 +240,7 @@ class Resource {
   bool fenced_if_lost(const Reads& reads, Time now);
   void reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started, Time now);
   void check_unfenced(const Reads& reads, bool has_keys, Time started, Time now);
+  bool fenced_if_removed(const Reads& reads, Time now);
   void take_back_leftover(const Reads& reads, Time now);
   void preempt_strays(const Reads& reads, Time now);
   void monitor_send(std::vector<pr::Request> requests, Time now);
@@ -298,9 +299,10 @@ class Resource {
   std::map<std::uint16_t, Stray> strays_;
   // New paths (LU index, path) waiting to be registered once the resource is idle.
   std::vector<std::pair<std::size_t, pr::Path>> new_paths_;
-  std::function<void(Time)> queued_;   // an acquire or release waiting for a new-path registration
-  int monitor_prouts_ = 0;             // batches of PR OUTs the monitor sent, not answered yet
-  std::function<void(Time)> waiting_;  // an operation's first step, waiting for them
+  std::function<void(Time)> queued_;  // an acquire or release waiting for a new-path registration
+  int monitor_prouts_ = 0;            // batches of PR OUTs the monitor sent, not answered yet
+  std::optional<Time> monitor_prouts_answered_;  // when the last of them was answered
+  std::function<void(Time)> waiting_;            // an operation's first step, waiting for them
   Counters counters_;
 };
 
