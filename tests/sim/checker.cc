@@ -32,6 +32,10 @@ std::uint32_t epoch_of_key(std::uint64_t key) {
   return static_cast<std::uint32_t>(key);
 }
 
+bool shared(const Run& run) {
+  return run.mode == fence::Mode::kShared;
+}
+
 std::uint16_t node_of(const Run& run, transport::NexusId nexus) {
   const auto it = run.node_of_nexus.find(nexus);
   return it == run.node_of_nexus.end() ? 0 : it->second;
@@ -207,11 +211,12 @@ struct Round {
       return a->completed_seq < b->completed_seq;
     });
   }
-  // The first read that shows `key` is not the holder, or not registered, on its LU.
-  const Command* reveals_loss(std::uint64_t key) const {
+  // The first read that shows `key` is not the holder, or not registered, on its LU. In shared
+  // mode only the registration counts: another member's reservation, or none, is no loss.
+  const Command* reveals_loss(std::uint64_t key, bool shared_mode) const {
     for (const Command* read : reads) {
       const auto view = answer::view_of(*read);
-      if (view && ((view->shows_reservation && view->holder != key) ||
+      if (view && ((!shared_mode && view->shows_reservation && view->holder != key) ||
                    (view->shows_keys &&
                     std::find(view->keys.begin(), view->keys.end(), key) == view->keys.end()))) {
         return read;
@@ -280,6 +285,19 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // first round of reads submitted after P, all back, that shows K_V gone (as S2's reveal reads it),
 // and before V's gate closed after P. A write issued later, or through a nexus registered before
 // P, is a violation.
+//
+// Shared mode (docs/protocol.md, "Shared mode"): every key has epoch 0, so no epoch outranks
+// another and only the token rule names a fence: P is another node's PREEMPT or PREEMPT AND ABORT
+// (fence_node) of K_V, which had opened V's gate since V's last unfence() call before P.at. (A
+// registration of an unfence still running at P is a racer's, as above: that unfence, an order
+// the cluster manager gave before the fence, may register again and succeed.) Every write of V
+// carries epoch 0, so every write of V that lands on L after P is a violation, unless V's driver
+// called unfence() in [P.at, W.at) (an explicit unfence ends the fence: V registers K_V again and
+// may write), or the late new-path registration above excuses it, or L had no reservation when W
+// landed: a member that held it and released (RELEASE, or its unregistration) left L unreserved
+// until another member's monitor reserves it again, and without a reservation every nexus may
+// write (SPC-4 5.13.1), the window docs/protocol.md ("Release") accepts in shared mode as
+// fence_scsi does.
 bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::uint64_t key,
                                const WriteRecord& write, const WriteIssue& issue) {
   const auto registered = std::find_if(
@@ -298,7 +316,7 @@ bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::ui
   Time knows = run.end;
   for (const Round& round : rounds_of(run, issue.node)) {
     if (round.reads.front()->submitted >= fence.at && round.ended() &&
-        round.reveals_loss(key) != nullptr) {
+        round.reveals_loss(key, shared(run)) != nullptr) {
       knows = std::min(knows, round.last().completed_at);
     }
   }
@@ -310,6 +328,32 @@ bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::ui
     }
   }
   return issue.issued < knows;
+}
+
+// Shared mode: whether the node's driver called unfence() at some moment in [from, to).
+bool unfenced_between(const Run& run, std::uint16_t node, Time from, Time to) {
+  return std::any_of(run.trace.begin(), run.trace.end(), [&](const Entry& entry) {
+    return entry.node == node && entry.kind == EntryKind::kAcquireCalled && entry.at >= from &&
+           entry.at < to;
+  });
+}
+
+// Shared mode: whether the node's gate opened with `key` after its last unfence() call before `at`
+// (or after its daemon adopted the key at start), at or before `at`.
+bool opened_since_unfence(const Run& run, std::uint16_t node, std::uint64_t key, Time at) {
+  bool opened = false;
+  for (const Entry& entry : run.trace) {
+    if (entry.at > at) {
+      break;
+    }
+    if (entry.node == node && entry.kind == EntryKind::kAcquireCalled) {
+      opened = false;
+    } else if (entry.node == node && entry.kind == EntryKind::kGate && entry.open &&
+               entry.key == key) {
+      opened = true;
+    }
+  }
+  return opened;
 }
 
 void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
@@ -325,7 +369,9 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
     const std::uint16_t by = node_of(run, removal.record->nexus);
     const std::uint16_t victim = node_of(run, removal.nexus);
     const auto gate = opened.find(removal.key);
-    const bool token = gate != opened.end() && gate->second <= removal.record->at;
+    const bool token = shared(run)
+                           ? opened_since_unfence(run, victim, removal.key, removal.record->at)
+                           : gate != opened.end() && gate->second <= removal.record->at;
     if (by != victim && (epoch_of_key(removal.record->key) > epoch_of_key(removal.key) || token)) {
       fences[{removal.record->lu, victim}].push_back(&removal);
     }
@@ -347,6 +393,9 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
     for (const Replay::Removal* removal : found->second) {
       if (removal->record->sequence < write.sequence &&
           issue->second.epoch() <= epoch_of_key(removal->key) &&
+          !(shared(run) &&
+            (unfenced_between(run, issue->second.node, removal->record->at, write.at) ||
+             !replayed.holder_at(write.lu, write.sequence))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);
         violations.push_back(
@@ -383,6 +432,19 @@ bool sole_holder(const LuState& state, std::uint64_t key) {
                      [key](const transport::SimRegistration& r) { return r.key == key; });
 }
 
+// Shared mode: whether K is registered and some key, any member's, holds the reservation.
+bool registered_and_reserved(const LuState& state, std::uint64_t key) {
+  return state.holder.has_value() &&
+         std::any_of(state.registrations.begin(), state.registrations.end(),
+                     [key](const transport::SimRegistration& r) { return r.key == key; });
+}
+
+// What a gate's key must be on every LU while the gate is open: the sole holder, or in shared mode
+// registered under a reservation.
+bool gate_justified(const Run& run, const LuState& state, std::uint64_t key) {
+  return shared(run) ? registered_and_reserved(state, key) : sole_holder(state, key);
+}
+
 // S2 (the gate is open only while our key is the verified holder on every LU), in two parts.
 // At every gate opening, at time t with key K justified by a verify read issued at
 // v = verified_since: on every LU, K is the holder and the only registered key at t (the
@@ -394,6 +456,11 @@ bool sole_holder(const LuState& state, std::uint64_t key) {
 // answered before the verify read was issued. At the end of the quiet phase (no faults, every link
 // up, nothing paused): at most one node's gate is open, and an open gate's key is the holder and
 // only registrant on every LU (so every node whose key is not the holder has its gate closed).
+//
+// Shared mode: K must be registered on every LU, and every LU must have a reservation, whoever
+// holds it (gate_justified); other members' registrations are no difference to explain, and the
+// missing reservation is explained as the holder above is. Several gates may be open at once, at
+// the end too, where each open gate's key is registered on every LU and every LU is reserved.
 void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
   for (const Entry& entry : run.trace) {
     if (entry.kind != EntryKind::kGate || !entry.open) {
@@ -404,7 +471,7 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
       continue;
     }
     for (std::size_t lu = 0; lu < entry.target.size(); ++lu) {
-      if (sole_holder(entry.target[lu], *entry.key)) {
+      if (gate_justified(run, entry.target[lu], *entry.key)) {
         continue;
       }
       std::vector<std::string> lines{describe(entry), "LU " + std::to_string(lu) + " then: " +
@@ -413,13 +480,13 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
       // PR OUT that executed GOOD on the LU in (v, t] and made it.
       const LuState& state = entry.target[lu];
       const std::uint64_t key = *entry.key;
-      bool holder_explained = state.holder == key;
+      bool holder_explained = shared(run) ? state.holder.has_value() : state.holder == key;
       bool key_explained =
           std::any_of(state.registrations.begin(), state.registrations.end(),
                       [key](const transport::SimRegistration& r) { return r.key == key; });
       std::set<std::uint64_t> intruders;
       for (const auto& registration : state.registrations) {
-        if (registration.key != key) {
+        if (registration.key != key && !shared(run)) {
           intruders.insert(registration.key);
         }
       }
@@ -459,7 +526,8 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
         violations.push_back({"S2",
                               "node " + std::to_string(entry.node) + " opened its gate with " +
                                   format_key(*entry.key) + " while LU " + std::to_string(lu) +
-                                  " did not have it as sole holder",
+                                  (shared(run) ? " did not have it registered under a reservation"
+                                               : " did not have it as sole holder"),
                               lines});
       }
     }
@@ -470,7 +538,7 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
       open.push_back(&node);
     }
   }
-  if (open.size() > 1) {
+  if (open.size() > 1 && !shared(run)) {
     std::vector<std::string> lines;
     lines.reserve(open.size());
     for (const NodeEnd* node : open) {
@@ -481,11 +549,13 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
   }
   for (const NodeEnd* node : open) {
     for (std::size_t lu = 0; lu < run.final_lus.size(); ++lu) {
-      if (!node->key || !sole_holder(run.final_lus[lu], *node->key)) {
+      if (!node->key || !gate_justified(run, run.final_lus[lu], *node->key)) {
         violations.push_back(
             {"S2",
-             "at the end node " + std::to_string(node->node) +
-                 "'s gate is open but its key is not the sole holder of LU " + std::to_string(lu),
+             "at the end node " + std::to_string(node->node) + "'s gate is open but its key is " +
+                 (shared(run) ? "not registered under a reservation on LU "
+                              : "not the sole holder of LU ") +
+                 std::to_string(lu),
              {"node " + std::to_string(node->node) + " key " +
                   (node->key ? format_key(*node->key) : "none") + " (" + node->state + ")",
               "LU " + std::to_string(lu) + ": " + lu_state_text(run.final_lus[lu])}});
@@ -514,6 +584,10 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
 //          are not judged.
 // Together: a preempt of N's key is acted on within one check interval plus the round trip of the
 // round that sees it, or, when no round gets through, within the lease of the last good one.
+// Shared mode: the gate's key is registered, not the holder, so the lease runs from READ KEYS
+// answers (GOOD) showing K registered, not READ RESERVATION answers showing K as holder; and a
+// round reveals the loss only by a READ KEYS answer (GOOD) without K: a READ RESERVATION showing
+// another member as holder, or none, is no loss (the monitor reserves again).
 struct GateSpan {
   const Entry* open = nullptr;
   const Entry* close = nullptr;  // nullptr: still open at the end
@@ -588,15 +662,22 @@ std::uint64_t boot_before(const NodeRecord& node, std::uint64_t seq) {
 
 void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& node,
                     std::vector<Violation>& violations) {
-  std::vector<const Command*> reads;  // READ RESERVATION answers of the node, in reaping order
+  // READ RESERVATION answers of the node (in shared mode READ KEYS answers), in reaping order.
+  std::vector<const Command*> reads;
   for (const Command& command : run.commands) {
     if (command.node == node_id && command.completed) {
       const auto view = answer::view_of(command);
-      if (view && view->shows_reservation && view->holder) {
+      if (view && (shared(run) ? view->shows_keys : view->shows_reservation && view->holder)) {
         reads.push_back(&command);
       }
     }
   }
+  // Whether the answer shows the key as the holder (in shared mode: registered).
+  const auto shows = [&run](const Command& read, std::uint64_t key) {
+    const auto view = answer::view_of(read);
+    return shared(run) ? std::find(view->keys.begin(), view->keys.end(), key) != view->keys.end()
+                       : view->holder == key;
+  };
   std::sort(reads.begin(), reads.end(),
             [](const Command* a, const Command* b) { return a->completed_seq < b->completed_seq; });
   for (const GateSpan& span : node.gates) {
@@ -623,8 +704,7 @@ void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& nod
     std::size_t next = 0;
     for (; next < reads.size() && reads[next]->completed_seq < span.open->seq; ++next) {
       const Command& read = *reads[next];
-      if (read.submitted_seq > boot && answer::view_of(read)->holder == key &&
-          read.lu < latest.size()) {
+      if (read.submitted_seq > boot && shows(read, key) && read.lu < latest.size()) {
         latest[read.lu] = std::max(latest[read.lu].value_or(Time{0}), read.submitted);
       }
     }
@@ -640,7 +720,7 @@ void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& nod
       if (read.completed_at > acts_at(node, *due)) {
         break;
       }
-      if (answer::view_of(read)->holder == key && read.lu < latest.size()) {
+      if (shows(read, key) && read.lu < latest.size()) {
         latest[read.lu] = std::max(latest[read.lu].value_or(Time{0}), read.submitted);
         due = deadline();
       }
@@ -680,7 +760,7 @@ void check_s2_reveal(const Run& run, std::uint16_t node_id, const NodeRecord& no
       }
       const Command& last = round.last();
       const bool open_then = span.close == nullptr || span.close->seq > last.completed_seq;
-      const Command* shown = round.reveals_loss(key);
+      const Command* shown = round.reveals_loss(key, shared(run));
       if (!open_then || shown == nullptr || span.until <= last.completed_at ||
           busy_between(node, round.first_seq, last.completed_seq)) {
         continue;
@@ -733,8 +813,13 @@ void check_s2_continuous(const Run& run, std::vector<Violation>& violations) {
 // greater epoch in its verify rounds; that key never held the reservation, so it never opened a
 // gate ((b) and S2 see to that). With --strict-epochs also: the acquisitions of all nodes, in the
 // order of the verify reads that opened their gates, have increasing epochs.
+// Shared mode: every member registers epoch 0 (docs/protocol.md, "Shared mode"), no key outranks
+// another and nothing takes the reservation by rank: S3 does not apply, --strict-epochs included.
 void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
               std::vector<Violation>& violations) {
+  if (shared(run)) {
+    return;
+  }
   for (const auto& [node, node_steps] : steps) {
     std::optional<std::uint32_t> highest;
     // Key 0 is never registered by an acquire, so it stands for "none yet" (a plain integer:
@@ -916,10 +1001,12 @@ bool reveals(const Command& read, const Command& prout) {
 // per LU: what happened on one LU decides nothing on another.) One decision needs
 // less: unregistering the node's own key (REGISTER with SERVICE ACTION RESERVATION KEY 0) harms
 // only where that key holds the reservation (it would drop it), so a READ RESERVATION of L suffices
-// for it. A restart does not clear the duty: the new daemon reads at start. Sending the same bytes
-// on the same nexus again after an answer that says the command did not execute is the same
-// decision (the engine's retry), not a new one, as long as nothing else went out on that nexus in
-// between.
+// for it; in shared mode it needs no read at all: only a release unregisters there, and it gives
+// up the reservation anyway (docs/protocol.md, "Release"), so all the unregister can drop is what
+// the RELEASE before it meant to. A restart does not clear the duty: the new daemon reads at
+// start. Sending the same bytes on the same nexus again after an answer that says the command did
+// not execute is the same decision (the engine's retry), not a new one, as long as nothing else
+// went out on that nexus in between.
 void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
   struct Unread {
     const Command* prout = nullptr;
@@ -968,7 +1055,7 @@ void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violat
       }
       const bool unregister = command.is(PrOutAction::kRegister) && command.sa_key == 0;
       const auto unread = pending.find(command.lu);
-      if (unread != pending.end() && !(unregister && unread->second.holder_read)) {
+      if (unread != pending.end() && !(unregister && (unread->second.holder_read || shared(run)))) {
         const Command& prout = *unread->second.prout;
         violations.push_back({"S4",
                               "node " + std::to_string(node) + " sent a PR OUT on LU " +
@@ -985,8 +1072,9 @@ void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violat
 // S5 (a fenced node never re-registers by itself; docs/protocol.md). In each node's trace: after a
 // Fenced event, and after every daemon start (whether it adopted its key or not), no REGISTER or
 // REGISTER AND IGNORE EXISTING KEY that puts a key in place is submitted from its nexuses until the
-// driver next calls acquire() on it, except the registration of a new path with the key the node
-// holds and has verified: its gate is open with that very key when the REGISTER goes out.
+// driver next calls acquire() (in shared mode unfence()) on it, except the registration of a new
+// path with the key the node holds and has verified: its gate is open with that very key when the
+// REGISTER goes out.
 void check_s5(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
   for (const auto& [node, node_steps] : steps) {
     const Entry* since = nullptr;
@@ -1020,14 +1108,14 @@ void check_s5(const Run& run, const Steps& steps, std::vector<Violation>& violat
   }
 }
 
-// L1 (liveness, beyond S1-S5): the acquire the driver makes in the quiet phase, with no faults,
-// every link up and every daemon running, succeeds.
+// L1 (liveness, beyond S1-S5): the acquire (in shared mode the unfence) the driver makes in the
+// quiet phase, with no faults, every link up and every daemon running, succeeds.
 void check_l1(const Run& run, std::vector<Violation>& violations) {
+  const std::string final_op = shared(run) ? "final unfence" : "final acquire";
   for (const Entry& entry : run.trace) {
-    if (entry.kind == EntryKind::kOpDone && entry.detail.rfind("final acquire", 0) == 0 &&
-        !entry.ok) {
+    if (entry.kind == EntryKind::kOpDone && entry.detail.rfind(final_op, 0) == 0 && !entry.ok) {
       violations.push_back(
-          {"L1", "the final acquire in the quiet phase failed", {describe(entry)}});
+          {"L1", "the " + final_op + " in the quiet phase failed", {describe(entry)}});
     }
   }
 }
@@ -1087,7 +1175,11 @@ std::string describe(const Entry& entry) {
     case EntryKind::kPause: text += "pauses"; break;
     case EntryKind::kResume: text += "resumes"; break;
     case EntryKind::kLink: text += "links"; break;
-    case EntryKind::kAcquireCalled: text += "driver: acquire()"; break;
+    case EntryKind::kAcquireCalled:
+      text += entry.detail.find("unfence") != std::string::npos ? "driver: unfence()"
+                                                                : "driver: acquire()";
+      break;
+    case EntryKind::kFenceCalled: text += "driver: fence_node()"; break;
     case EntryKind::kReleaseCalled: text += "driver: release()"; break;
     case EntryKind::kOpDone:
       text += std::string("operation done: ") +

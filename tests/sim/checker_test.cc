@@ -11,11 +11,15 @@
 // daemon's read, the engine's resubmission of a command that did not execute by its status or its
 // sense data in fixed or descriptor format, a PR OUT on another LU, a read in between that can show
 // what the PR OUT did, an unregister after a READ RESERVATION, a REGISTER after an acquire call, a
-// new path registered with the key of the open gate, a successful final acquire). History, below,
-// is a model of one target's registrations and reservation that writes the target's records, each
-// daemon's commands (with the raw answers the checker decodes itself), the gates' snapshots and the
-// final state from the same steps, so that a test sees only the violation it is about; a clean
-// takeover, on which nothing fires, shows that the builder itself makes none by accident.
+// new path registered with the key of the open gate, a successful final acquire; and in shared
+// mode, CheckerShared, the readings of tests/sim/README.md: another member's reservation, several
+// open gates, a write after the fenced member's own unfence or on an unreserved LU, a preempt of
+// an unfence still running, an unregister right after a failed RELEASE, S3 not applying). History,
+// below, is a model of one target's registrations and reservation that writes the target's
+// records, each daemon's commands (with the raw answers the checker decodes itself), the gates'
+// snapshots and the final state from the same steps, so that a test sees only the violation it is
+// about; a clean takeover, on which nothing fires, shows that the builder itself makes none by
+// accident.
 //
 // Seen to fail (issue 10, run again on the checker of ce65866): with one check at a time taken out
 // of checker.cc (its call skipped, its one report disabled, or, where the row says so, one of its
@@ -89,6 +93,32 @@
 //   replay: final holder      CheckerRecord.AFinalHolderThatDiffersFromTheReplayIsReported
 //   replay: lost registration CheckerRecord.ARemovalOfARegistrationTheRecordNeverMadeIsReported
 //   the unissued write alone  CheckerRecord.AWriteNoWriterIssuedIsReported
+// The shared-mode readings (run.mode kShared), each undone alone in the same way on this change's
+// checker (the failures listed; every other test passed each time; "Shared." is CheckerShared.):
+//   S1, an unfence after the fence ends it:
+//       Shared.AWriteLandingAfterTheFencedNodesExplicitUnfenceIsNoViolation,
+//       Shared.APreemptOfAnUnfenceStillRunningFencesNothing
+//   S1, the unreserved LU's window:
+//       Shared.AWriteLandingWhileTheLuHasNoReservationIsTheAcceptedWindow
+//   S1, the token opened since the last unfence (the first opening instead):
+//       Shared.APreemptOfAnUnfenceStillRunningFencesNothing
+//   S2, registered under a reservation (the sole holder instead), and, alone, several gates open
+//     at the end: each the same five,
+//       Shared.TwoGatesOpenAtTheEndAreNoViolation,
+//       Shared.AReadReservationShowingAnotherMemberAsHolderIsNoViolation,
+//       Shared.AWriteLandingAfterTheFencedNodesExplicitUnfenceIsNoViolation,
+//       Shared.APreemptOfAnUnfenceStillRunningFencesNothing, Shared.S3DoesNotApplyToSharedRuns
+//   S2, the lease from READ KEYS (READ RESERVATION instead): the five above and
+//       Shared.AFencedNodesWriteLandingAfterThePreemptViolatesS1,
+//       Shared.AGateOpenAfterARoundsReadKeysShowedTheKeyGoneViolatesS2,
+//       Shared.AWriteLandingWhileTheLuHasNoReservationIsTheAcceptedWindow
+//   S2, a loss shown only by READ KEYS:
+//       Shared.AReadReservationShowingAnotherMemberAsHolderIsNoViolation
+//   S3 skipped: Shared.S3DoesNotApplyToSharedRuns,
+//       Shared.AWriteLandingAfterTheFencedNodesExplicitUnfenceIsNoViolation,
+//       Shared.APreemptOfAnUnfenceStillRunningFencesNothing
+//   S4, an unregister needs no read: Shared.AnUnregisterRightAfterATimedOutReleaseNeedsNoRead
+//   L1, the final unfence: Shared.AFailedFinalUnfenceViolatesL1
 #include "checker.h"
 
 #include <algorithm>
@@ -231,6 +261,11 @@ class History {
   void resume(std::uint16_t node, Time at) { trace(node, at, EntryKind::kResume); }
   void acquire_called(std::uint16_t node, Time at, const std::string& why) {
     trace(node, at, EntryKind::kAcquireCalled).detail = why;
+    trace(node, at, EntryKind::kBusy).open = true;
+  }
+  // Shared mode: the driver calls fence_node(victim) on the node.
+  void fence_called(std::uint16_t node, Time at, std::uint16_t victim) {
+    trace(node, at, EntryKind::kFenceCalled).detail = "fence node " + std::to_string(victim);
     trace(node, at, EntryKind::kBusy).open = true;
   }
   void release_called(std::uint16_t node, Time at) {
@@ -443,6 +478,8 @@ class History {
   }
   Run& run() { return run_; }
   transport::SimHistory& target() { return *target_; }
+  // Every node of the run is in shared mode (unfence, fence_node).
+  void shared() { run_.mode = fence::Mode::kShared; }
 
  private:
   struct Lu {
@@ -522,6 +559,11 @@ class History {
         break;
       case PrOutAction::kReserve:
         state.reservation = transport::SimReservation{record.nexus, record.key, kType};
+        break;
+      case PrOutAction::kRelease:
+        if (holder_is(record.nexus)) {
+          state.reservation.reset();
+        }
         break;
       case PrOutAction::kPreempt:
       case PrOutAction::kPreemptAndAbort:
@@ -676,6 +718,71 @@ void fenced(History& h, std::uint16_t node, Time at) {
   h.read(node, at);
   h.close_gate(node, at + 1ms, "fenced");
   h.event(node, at + 1ms, EventKind::kFenced, h.holder(0));
+}
+
+// --- shared mode (docs/protocol.md, "Shared mode"), one call per step ---
+
+// The driver calls unfence() at `at`: REGISTER AND IGNORE EXISTING KEY with the node's key of
+// epoch 0 on every path of every LU, a read (at + 1 ms) and RESERVE where nobody holds (at + 2 ms),
+// the verify read (at + 3 ms), then (at + 4 ms) the gate, the Unfenced event and the end of the
+// operation.
+void unfence(History& h, std::uint16_t node, Time at, const std::string& why = "unfence") {
+  const std::uint64_t key = key_of(node, 0);
+  h.acquire_called(node, at, why);
+  h.set_key(node, key);
+  for (LuId lu = 0; lu < h.run().lus; ++lu) {
+    for (std::uint32_t path = 0; path < h.paths(node); ++path) {
+      h.prout(node, at, lu, path, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key);
+    }
+  }
+  h.read(node, at + 1ms);
+  for (LuId lu = 0; lu < h.run().lus; ++lu) {
+    if (!h.holder(lu)) {
+      h.prout(node, at + 2ms, lu, 0, PrOutAction::kReserve, key, 0);
+    }
+  }
+  h.read(node, at + 3ms);
+  h.open_gate(node, at + 4ms, at + 3ms);
+  h.event(node, at + 4ms, EventKind::kUnfenced);
+  h.op_done(node, at + 4ms, true, why + ": unfenced");
+}
+
+// The driver calls fence_node(victim) on the node at `at`: a read, PREEMPT of the victim's key of
+// epoch 0 on every LU where it is registered (at + 1 ms), a read that shows it gone (at + 2 ms),
+// the FencedNode event and the end of the operation (at + 3 ms).
+void fence_node(History& h, std::uint16_t node, std::uint16_t victim, Time at) {
+  const std::uint64_t key = key_of(node, 0);
+  const std::uint64_t gone = key_of(victim, 0);
+  h.fence_called(node, at, victim);
+  h.read(node, at);
+  for (LuId lu = 0; lu < h.run().lus; ++lu) {
+    const std::vector<std::uint64_t> keys = h.keys(lu);
+    if (std::find(keys.begin(), keys.end(), gone) != keys.end()) {
+      h.prout(node, at + 1ms, lu, 0, PrOutAction::kPreempt, key, gone);
+    }
+  }
+  h.read(node, at + 2ms);
+  h.event(node, at + 3ms, EventKind::kFencedNode, gone);
+  h.op_done(node, at + 3ms, true, "fence node " + std::to_string(victim) + ": done");
+}
+
+// The driver calls release() on an unfenced node at `at`: the gate closes, a read, RELEASE on
+// every LU (at + 1 ms) and the unregistration of every path (at + 2 ms), the read back (at + 3 ms),
+// the Released event and the end of the operation (at + 4 ms).
+void release_shared(History& h, std::uint16_t node, Time at) {
+  const std::uint64_t key = key_of(node, 0);
+  h.release_called(node, at);
+  h.close_gate(node, at, "released");
+  h.read(node, at);
+  for (LuId lu = 0; lu < h.run().lus; ++lu) {
+    h.prout(node, at + 1ms, lu, 0, PrOutAction::kRelease, key, 0);
+    for (std::uint32_t path = 0; path < h.paths(node); ++path) {
+      h.prout(node, at + 2ms, lu, path, PrOutAction::kRegister, key, 0);
+    }
+  }
+  h.read(node, at + 3ms);
+  h.event(node, at + 4ms, EventKind::kReleased);
+  h.op_done(node, at + 4ms, true, "release: released");
 }
 
 // Two nodes (ids 1 and 2, one path each) whose daemons start at 0.
@@ -1814,6 +1921,177 @@ TEST(CheckerRecord, AWriteNoWriterIssuedIsReported) {
   History h = takeover(1);
   h.land_unissued_write(999, 0, nexus_of(2, 0), 300ms);
   EXPECT_TRUE(fires(h, {"checker"}, "a write landed that no writer issued"));
+}
+
+// --- shared mode: the checker's shared-mode readings of S1, S2 and S3 ---
+
+// Two nodes in shared mode on one LU: node 1 unfences at 10 ms (it reserves), node 2 at 20 ms
+// (beside node 1's reservation); node 1 writes (id 10) at 50 ms; node 2 fences node 1 at 100 ms
+// (its PREEMPT at 101 ms). When `lands`, write 10 lands at 103 ms, after the PREEMPT. Node 1's
+// monitor round at 200 ms shows its key gone and closes the gate as it ends (201 ms), or `late`
+// after that.
+History shared_fence(bool lands, Time late = 0ms) {
+  History h = two_nodes(1);
+  h.shared();
+  unfence(h, 1, 10ms);
+  unfence(h, 2, 20ms);
+  h.issue_write(10, 1, 0, 50ms);
+  fence_node(h, 2, 1, 100ms);
+  if (lands) {
+    h.land_write(10, 103ms);
+  }
+  h.read(1, 200ms);
+  h.close_gate(1, 201ms + late, "fenced");
+  h.event(1, 201ms + late, EventKind::kFenced, h.holder(0));
+  return h;
+}
+
+TEST(CheckerShared, AFencedNodesWriteLandingAfterThePreemptViolatesS1) {
+  History h = shared_fence(true);
+  EXPECT_TRUE(fires(h, {"S1"}, "a write of node 1 stamped epoch 0 landed on LU 0 after node 2"));
+}
+
+TEST(CheckerShared, AWriteLandingAfterTheFencedNodesExplicitUnfenceIsNoViolation) {
+  History h = shared_fence(false);
+  unfence(h, 1, 300ms);
+  h.issue_write(20, 1, 0, 350ms);
+  h.land_write(20, 351ms);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+TEST(CheckerShared, AGateOpenAfterARoundsReadKeysShowedTheKeyGoneViolatesS2) {
+  History h = shared_fence(false, 50ms);
+  EXPECT_TRUE(fires(h, {"S2"},
+                    "node 1's monitor read that 0x6c9d000100000000 (n1 e0) lost LU 0, and its "
+                    "gate stayed open after the round ended, until 0.251000s"));
+}
+
+// Node 2's monitor reads every 500 ms from 0.5 s to 3.5 s: its READ RESERVATION shows node 1's key
+// as the holder, its READ KEYS its own key registered. Both gates stay open to the end.
+TEST(CheckerShared, AReadReservationShowingAnotherMemberAsHolderIsNoViolation) {
+  History h = two_nodes(2);
+  h.shared();
+  unfence(h, 1, 10ms);
+  unfence(h, 2, 20ms);
+  for (Time at = 500ms; at <= 3500ms; at += 500ms) {
+    h.read(2, at);
+    h.read(1, at + 2ms);
+  }
+  EXPECT_EQ(h.holder(0), key_of(1, 0));
+  EXPECT_TRUE(fires(h, {}));
+}
+
+TEST(CheckerShared, TwoGatesOpenAtTheEndAreNoViolation) {
+  History h = two_nodes(2);
+  h.shared();
+  unfence(h, 1, 10ms);
+  unfence(h, 2, 20ms);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+TEST(CheckerShared, AnOpenGateWhoseKeyIsGoneAtTheEndViolatesS2) {
+  History h = two_nodes(1);
+  h.shared();
+  unfence(h, 1, 10ms);
+  unfence(h, 2, 20ms);
+  fence_node(h, 2, 1, 100ms);
+  sim::Run& run = h.finish();
+  run.end = 150ms;  // before node 1's monitor could see it
+  EXPECT_TRUE(says(run,
+                   "at the end node 1's gate is open but its key is not registered under a "
+                   "reservation on LU 0"));
+}
+
+// Node 1 unfences, is fenced by node 2 and unfences again: the same key of epoch 0 twice, which
+// S3 (a) would call a step back, and --strict-epochs is on: S3 does not apply in shared mode.
+TEST(CheckerShared, S3DoesNotApplyToSharedRuns) {
+  History h = shared_fence(false);
+  unfence(h, 1, 300ms);
+  h.run().strict_epochs = true;
+  EXPECT_TRUE(fires(h, {}));
+  h.run().mode = fence::Mode::kExclusive;  // the same history read as exclusive breaks S3 (a)
+  EXPECT_TRUE(says(h.finish(), "node 1 registered 0x6c9d000100000000 (n1 e0) after having"));
+}
+
+// Node 2 fences node 1 at 100 ms (the reservation moves to node 2) and releases at 110 ms: the LU
+// is unreserved. Node 1's writer, whose daemon has not seen the fence yet, writes at 120 ms, and
+// without a reservation the write lands: the window docs/protocol.md accepts in shared mode.
+TEST(CheckerShared, AWriteLandingWhileTheLuHasNoReservationIsTheAcceptedWindow) {
+  History h = two_nodes(1);
+  h.shared();
+  unfence(h, 1, 10ms);
+  unfence(h, 2, 20ms);
+  fence_node(h, 2, 1, 100ms);
+  release_shared(h, 2, 110ms);
+  EXPECT_FALSE(h.holder(0).has_value());
+  h.issue_write(10, 1, 0, 120ms);
+  h.land_write(10, 121ms);
+  h.read(1, 200ms);
+  h.close_gate(1, 201ms, "fenced");
+  h.event(1, 201ms, EventKind::kFenced);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+// Node 1 is fenced at 50 ms and unfences again from 100 ms; node 2 fences it once more at 110 ms,
+// while that unfence runs; the unfence reads its key gone (114 ms) and registers again (120 ms),
+// so node 1 knew of the PREEMPT (no new-path window excuses what follows); it succeeds and node 1
+// writes. The second PREEMPT removed a racer's registration, not a token: S1 does not apply to it.
+TEST(CheckerShared, APreemptOfAnUnfenceStillRunningFencesNothing) {
+  History h = two_nodes(1);
+  h.shared();
+  unfence(h, 1, 10ms);
+  unfence(h, 2, 20ms);
+  fence_node(h, 2, 1, 50ms);
+  h.read(1, 60ms);
+  h.close_gate(1, 61ms, "fenced");
+  h.event(1, 61ms, EventKind::kFenced);
+  h.acquire_called(1, 100ms, "unfence");
+  h.prout(1, 100ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(1, 0));
+  fence_node(h, 2, 1, 110ms);
+  h.read(1, 114ms);
+  h.prout(1, 120ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(1, 0));
+  h.read(1, 121ms);
+  h.open_gate(1, 123ms, 121ms);
+  h.event(1, 123ms, EventKind::kUnfenced);
+  h.op_done(1, 123ms, true, "unfence: unfenced");
+  h.issue_write(10, 1, 0, 130ms);
+  h.land_write(10, 131ms);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+// Node 1's release: its RELEASE times out (it executed), and its unregistration follows at once.
+// In shared mode that needs no read (the release gives the reservation up anyway); read as
+// exclusive, it breaks S4.
+TEST(CheckerShared, AnUnregisterRightAfterATimedOutReleaseNeedsNoRead) {
+  History h = two_nodes(1);
+  h.shared();
+  unfence(h, 1, 10ms);
+  h.release_called(1, 100ms);
+  h.close_gate(1, 100ms, "released");
+  h.read(1, 100ms);
+  const std::size_t release =
+      h.submit_prout(1, 101ms, 0, 0, PrOutAction::kRelease, key_of(1, 0), 0);
+  h.execute(101ms, 0, nexus_of(1, 0), PrOutAction::kRelease, key_of(1, 0), 0);
+  h.reap(release, 601ms, kTimedOut);
+  h.prout(1, 601ms, 0, 0, PrOutAction::kRegister, key_of(1, 0), 0);
+  h.read(1, 602ms);
+  h.event(1, 603ms, EventKind::kReleased);
+  h.op_done(1, 603ms, true, "release: released");
+  EXPECT_TRUE(fires(h, {}));
+  h.run().mode = fence::Mode::kExclusive;
+  EXPECT_TRUE(says(h.finish(), "node 1 sent a PR OUT on LU 0 after one there completed"));
+}
+
+TEST(CheckerShared, AFailedFinalUnfenceViolatesL1) {
+  History h = two_nodes(1);
+  h.shared();
+  unfence(h, 1, 10ms);
+  h.quiet(50ms);
+  h.acquire_called(2, 100ms, "final unfence");
+  h.read(2, 100ms);
+  h.event(2, 101ms, EventKind::kOperationFailed);
+  h.op_done(2, 101ms, false, "final unfence: cannot read", ErrorCode::kIndeterminate);
+  EXPECT_TRUE(fires(h, {"L1"}, "the final unfence in the quiet phase failed"));
 }
 
 }  // namespace

@@ -84,7 +84,8 @@ enum class EntryKind : std::uint8_t {
   kPause,  // the daemon stops processing (detail says whether the writer froze too)
   kResume,
   kLink,           // the node's links to some LUs changed (detail)
-  kAcquireCalled,  // the driver called acquire() and it was not refused at once
+  kAcquireCalled,  // the driver called acquire(), or unfence() in shared mode (detail says which),
+                   // and it was not refused as busy
   kReleaseCalled,
   kOpDone,   // an acquire/release finished (ok, code, detail)
   kRefused,  // the driver asked for an operation while another ran: refused (kBusy)
@@ -93,6 +94,7 @@ enum class EntryKind : std::uint8_t {
   kQuiet,    // the scenario ended: faults and pauses off, links up
   kBusy,     // the resource's operation began (open) or ended: its reads may not be the monitor's
   kPaths,    // the driver told the resource of its LU's current paths (detail)
+  kFenceCalled,  // shared mode: the driver called fence_node() (detail names the victim)
 };
 
 struct Entry {
@@ -137,6 +139,7 @@ struct Run {
   std::size_t lus = 0;
   bool preempt_abort = false;
   bool strict_epochs = false;  // also check that fresh acquisitions of all nodes increase
+  fence::Mode mode = fence::Mode::kExclusive;  // every node's (shared: unfence and fence_node)
   Time check_interval{0};
   Time lease{0};
   Time command_timeout{0};

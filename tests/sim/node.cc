@@ -157,7 +157,7 @@ fence::ResourceOptions Node::options() const {
   fence::ResourceOptions o;
   o.name = kResourceName;
   o.lus = lus_;
-  o.mode = fence::Mode::kExclusive;
+  o.mode = config.shared ? fence::Mode::kShared : fence::Mode::kExclusive;
   o.type = codec::PrType::kWriteExclusiveRegistrantsOnly;
   o.preempt_abort = config.preempt_abort;
   o.cluster_id = fence::cluster_id_from_name("sim");
@@ -274,20 +274,26 @@ void Node::acquire(const std::string& why) {
     entry.detail = why + " refused: another operation is running";
     return;
   }
+  const bool shared = world_.config().shared;
   register_pause_armed_ = world_.arm_register_pause();
   world_.trace(id_, EntryKind::kAcquireCalled).detail = why;
-  resource_->acquire(world_.now(), [this, why](Result<fence::Key> result, Time) {
+  fence::Resource::Done done = [this, why, shared](Result<fence::Key> result, Time) {
     register_pause_armed_ = false;
     Entry& entry = world_.trace(id_, EntryKind::kOpDone);
     entry.ok = result.has_value();
     if (result) {
       entry.key = result->value();
-      entry.detail = why + ": acquired";
+      entry.detail = why + (shared ? ": unfenced" : ": acquired");
     } else {
       entry.code = result.error().code();
       entry.detail = why + ": " + result.error().message();
     }
-  });
+  };
+  if (shared) {
+    resource_->unfence(world_.now(), std::move(done));
+  } else {
+    resource_->acquire(world_.now(), std::move(done));
+  }
   note_busy();
 }
 
@@ -306,6 +312,35 @@ void Node::release() {
       entry.detail = "release: released";
     }
   });
+  note_busy();
+}
+
+void Node::fence(std::uint16_t victim) {
+  if (!running()) {
+    return;
+  }
+  const std::string why = "fence node " + std::to_string(victim);
+  if (resource_->busy()) {
+    Entry& entry = world_.trace(id_, EntryKind::kRefused);
+    entry.ok = false;
+    entry.code = ErrorCode::kBusy;
+    entry.detail = why + " refused: another operation is running";
+    return;
+  }
+  world_.trace(id_, EntryKind::kFenceCalled).detail = why;
+  // The resource refuses at once unless this node is unfenced: a refusal like the busy one.
+  calling_ = true;
+  resource_->fence_node(victim, world_.now(), [this, why](Result<fence::Key> result, Time) {
+    Entry& entry = world_.trace(id_, calling_ ? EntryKind::kRefused : EntryKind::kOpDone);
+    entry.ok = result.has_value();
+    if (result) {
+      entry.detail = why + ": done";
+    } else {
+      entry.code = result.error().code();
+      entry.detail = why + ": " + result.error().message();
+    }
+  });
+  calling_ = false;
   note_busy();
 }
 

@@ -1,4 +1,5 @@
-// blkfence_sim: the deterministic multi-node simulation of the exclusive protocol (tests/sim).
+// blkfence_sim: the deterministic multi-node simulation of the exclusive protocol, and with
+// --shared of the shared mode too (tests/sim).
 //
 // One seed is one world (world.h): a SimClock, a SimTarget with 1-4 LUs, and 2-3 nodes (node.cc),
 // each with 1-2 nexuses per LU (in half the seeds paths come and go), its own SimTransport (seeded
@@ -7,9 +8,10 @@
 // daemon restarts), and a writer that writes stamped blocks to every LU while its gate is open. A
 // scenario drawn from the seed (world.cc) acquires (often two nodes at once), releases, pauses
 // daemons (with or without their writer), cuts links and restarts daemons over 30-120 s of
-// simulated time; a quiet phase follows (no faults, links up, nothing paused), with one last
-// acquire, by a node whose gate is closed, that must succeed; it ends once everything settled. The
-// checker (checker.cc) then judges S1-S5 and L1 on the record (README.md says what each means).
+// simulated time (in shared mode it unfences instead of acquiring, and nodes fence one another); a
+// quiet phase follows (no faults, links up, nothing paused), with one last acquire (or unfence), by
+// a node whose gate is closed, that must succeed; it ends once everything settled. The checker
+// (checker.cc) then judges S1-S5 and L1 on the record (README.md says what each means).
 // Everything is driven from the seed through std::mt19937_64's raw output, so a seed replays
 // exactly, on any standard library; nothing sleeps and no wall clock is read (--random-seeds only
 // draws where a sweep starts). This file is the command line and the sweep. Proves that the
@@ -49,6 +51,9 @@ std::string replay_command(const Cli& cli, std::uint64_t seed) {
   if (cli.hotplug) {
     text += " --hotplug";
   }
+  if (cli.shared) {
+    text += " --shared";
+  }
   return text + " --verbose";
 }
 
@@ -56,12 +61,12 @@ void print_config(const World& world) {
   const Config& c = world.config();
   std::printf("seed %" PRIu64
               ": %zu nodes, %zu LUs, %s, check_interval %s, lease %s, timeout %s,"
-              " horizon %s%s\n",
+              " horizon %s%s%s\n",
               world.record().seed, c.nodes, c.lus,
               c.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT",
               format_time(c.check_interval).c_str(), format_time(c.lease).c_str(),
               format_time(c.command_timeout).c_str(), format_time(c.horizon).c_str(),
-              c.hotplug ? ", paths come and go" : "");
+              c.hotplug ? ", paths come and go" : "", c.shared ? ", shared mode" : "");
   for (std::size_t n = 0; n < c.nodes; ++n) {
     std::printf("  node %zu: nexuses", n + 1);
     for (std::size_t lu = 0; lu < c.lus; ++lu) {
@@ -134,7 +139,7 @@ int usage(const char* program) {
       stderr,
       "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
       "          [--verbose] [--expect-violation S1|...|S5|L1[,...]] [--strict-epochs]\n"
-      "          [--min-activity] [--random-seeds COUNT] [--hotplug]\n",
+      "          [--min-activity] [--random-seeds COUNT] [--hotplug] [--shared]\n",
       program);
   return 2;
 }
@@ -160,6 +165,8 @@ int run_main(int argc, char** argv) {
       cli.seeds = value;
     } else if (arg == "--hotplug") {
       cli.hotplug = true;
+    } else if (arg == "--shared") {
+      cli.shared = true;
     } else if (arg == "--random-seeds" && has_value && parse_number(argv[++i], value)) {
       cli.random_seeds = value;
     } else if (arg == "--first" && has_value && parse_number(argv[++i], value)) {

@@ -70,7 +70,18 @@ World::World(const Cli& cli, std::uint64_t seed)
       plan_rng_(mix(seed, 0, 0, 0x50)),
       runtime_rng_(mix(seed, 0, 0, 0x52)),
       hotplug_rng_(mix(seed, 0, 0, 0x48)),
+      shared_rng_(mix(seed, 0, 0, 0x53)),
       config_(draw_config(plan_rng_, cli)) {
+  // Shared mode (with --shared, in half the seeds), from its own stream so that the rest of the
+  // scenario is the same with or without it. LIO's PREEMPT AND ABORT aborts the commands that were
+  // accepted under the preempted key as the holder's (docs/reference/lio.md §4), and a shared
+  // member's writes pass under whichever member holds: a fenced member's write held in the task set
+  // lands after the preempt whatever the protocol does, the hazard that plain PREEMPT is in
+  // exclusive mode (draw_config). So in shared mode no write is held.
+  config_.shared = cli.shared && shared_rng_.chance(1, 2);
+  if (config_.shared) {
+    config_.writer_faults.execute_late = 0.0;
+  }
   for (std::size_t lu = 0; lu < config_.lus; ++lu) {
     transport::LuConfig lu_config;
     lu_config.block_size = kBlockSize;
@@ -96,6 +107,7 @@ World::World(const Cli& cli, std::uint64_t seed)
     }
   }
   plan();
+  record_.mode = config_.shared ? fence::Mode::kShared : fence::Mode::kExclusive;
 }
 
 World::~World() {
@@ -195,6 +207,18 @@ void World::plan() {
     action.add = paths.chance(1, 2);
     actions_.push_back(action);
   }
+  // Shared mode (drawn in the constructor): every planned acquire is an unfence, and every 1-6 s a
+  // node fences another (refused unless it is unfenced), drawn from the shared stream.
+  Rng& shared = shared_rng_;
+  for (Time at = shared.time_between(seconds(1), seconds(6));
+       config_.shared && at < config_.horizon; at += shared.time_between(seconds(1), seconds(6))) {
+    Action action;
+    action.at = at;
+    action.kind = Action::Kind::kFence;
+    action.node = shared.below(n);
+    action.victim = (action.node + 1 + shared.below(n - 1)) % n;
+    actions_.push_back(action);
+  }
   std::stable_sort(actions_.begin(), actions_.end(),
                    [](const Action& a, const Action& b) { return a.at < b.at; });
 }
@@ -202,8 +226,9 @@ void World::plan() {
 void World::act(const Action& action) {
   Node& node = *nodes_[action.node];
   switch (action.kind) {
-    case Action::Kind::kAcquire: node.acquire("acquire"); break;
+    case Action::Kind::kAcquire: node.acquire(config_.shared ? "unfence" : "acquire"); break;
     case Action::Kind::kRelease: node.release(); break;
+    case Action::Kind::kFence: node.fence(nodes_[action.victim]->id()); break;
     case Action::Kind::kPause:
       if (node.running()) {
         node.pause(now() + action.duration, action.writer_too);
@@ -241,7 +266,8 @@ void World::enter_quiet() {
 
 void World::final_acquire() {
   // Once no operation of the scenario runs any more, by a node whose gate is closed (the drawn
-  // one, or the next): a takeover, or a fresh acquire, after the chaos.
+  // one, or the next): a takeover, or a fresh acquire, after the chaos; in shared mode an unfence,
+  // which must succeed beside the members already unfenced.
   for (const auto& node : nodes_) {
     if (node->resource() && node->resource()->busy()) {
       final_acquire_at_ = now() + config_.check_interval;
@@ -258,11 +284,12 @@ void World::final_acquire() {
   }
   // Registrations the protocol leaves beside a holder (a node that died or failed in the middle
   // of an acquire, a REGISTER that executed after its acquire gave up): allowed by the design
-  // (docs/protocol.md, monitor), reported as notes. The final acquire removes them.
+  // (docs/protocol.md, monitor), reported as notes. The final acquire removes them. In shared mode
+  // every member is registered beside the holder: nothing to note.
   const std::vector<LuState> lus = snapshot();
   for (const auto& node : nodes_) {
     const fence::Resource* resource = node->resource();
-    if (!resource->gate_open() || !resource->key()) {
+    if (config_.shared || !resource->gate_open() || !resource->key()) {
       continue;
     }
     for (std::size_t lu = 0; lu < lus.size(); ++lu) {
@@ -279,7 +306,7 @@ void World::final_acquire() {
   final_acquire_at_.reset();
   final_node_ = pick;
   final_started_ = true;
-  nodes_[pick]->acquire("final acquire");
+  nodes_[pick]->acquire(config_.shared ? "final unfence" : "final acquire");
 }
 
 // The quiet phase ends once it has lasted 2 * lease + 2 * check_interval, the final acquire is
@@ -438,10 +465,17 @@ Stats World::stats() const {
   s.seeds = 1;
   s.simulated = record_.end;
   s.commands = record_.commands.size();
+  // Shared mode: an unfence is an acquisition, and a fence is a fence_node that removed its
+  // victim's keys (the victim's own Fenced event follows only when its monitor runs to see it).
+  const fence::EventKind fence_kind =
+      config_.shared ? fence::EventKind::kFencedNode : fence::EventKind::kFenced;
   for (const Entry& entry : record_.trace) {
     if (entry.kind == EntryKind::kEvent) {
-      s.acquisitions += entry.event == fence::EventKind::kAcquired ? 1 : 0;
-      s.fences += entry.event == fence::EventKind::kFenced ? 1 : 0;
+      s.acquisitions +=
+          entry.event == fence::EventKind::kAcquired || entry.event == fence::EventKind::kUnfenced
+              ? 1
+              : 0;
+      s.fences += entry.event == fence_kind ? 1 : 0;
       s.lost_contacts += entry.event == fence::EventKind::kLostContact ? 1 : 0;
     }
   }

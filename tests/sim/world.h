@@ -57,6 +57,8 @@ struct Cli {
   std::uint64_t random_seeds = 0;
   // --hotplug: paths come and go in half the seeds (README.md: the open S1 window it finds).
   bool hotplug = false;
+  // --shared: half the seeds run every node in shared mode (unfence, fence_node, release).
+  bool shared = false;
   std::string program = "blkfence_sim";
 };
 
@@ -111,6 +113,7 @@ struct Config {
   Time horizon{0};
   std::uint64_t register_pause_percent = 0;  // acquires that pause right after registering
   bool hotplug = false;  // paths come and go (update_paths), drawn from their own stream
+  bool shared = false;   // every node in shared mode (--shared), drawn from its own stream
 };
 
 // Everything of one world drawn from its seed before it starts (world.cc).
@@ -221,10 +224,19 @@ class World {
 
  private:
   struct Action {
-    enum class Kind : std::uint8_t { kAcquire, kRelease, kPause, kOutage, kRestart, kPaths };
+    enum class Kind : std::uint8_t {
+      kAcquire,  // acquire(), or unfence() in shared mode
+      kRelease,
+      kFence,  // shared mode: node fences victim (fence_node)
+      kPause,
+      kOutage,
+      kRestart,
+      kPaths
+    };
     Time at{0};
     Kind kind = Kind::kAcquire;
     std::size_t node = 0;
+    std::size_t victim = 0;  // kFence
     Time duration{0};
     bool writer_too = false;
     std::vector<LuId> lus;
@@ -244,6 +256,7 @@ class World {
   Rng plan_rng_;
   Rng runtime_rng_;
   Rng hotplug_rng_;
+  Rng shared_rng_;
   Config config_;
   transport::SimClock clock_;
   transport::SimTarget target_{clock_};
@@ -286,8 +299,11 @@ class Node final : public fence::Observer {
     return writer_transport_->in_flight() > 0 ? writer_transport_->poll_fd() : -1;
   }
   std::optional<Time> wake() const;
+  // acquire(), or in shared mode unfence(): both recorded as kAcquireCalled.
   void acquire(const std::string& why);
   void release();
+  // Shared mode: fence_node(victim); the resource refuses it unless this node is unfenced.
+  void fence(std::uint16_t victim);
   void pause(Time until, bool writer_too);
   void resume();
   void set_links(const std::vector<LuId>& lus, LinkState state, Time until);
@@ -338,6 +354,7 @@ class Node final : public fence::Observer {
   std::optional<Time> links_until_;
   bool register_pause_armed_ = false;
   bool busy_ = false;
+  bool calling_ = false;  // inside a call to the resource: its answer came at once (a refusal)
 
   std::unique_ptr<transport::SimTransport> writer_transport_;
   std::vector<std::vector<PathId>> writer_paths_;
