@@ -60,4 +60,12 @@ inline constexpr bool kNoReread = true;
 inline constexpr bool kNoReread = false;
 #endif
 
+// In shared mode the monitor ignores a round that shows our key removed (another member fenced
+// us): the gate stays open and the lease runs on (S2).
+#ifdef BLKFENCE_MUTANT_SHARED_IGNORES_FENCE
+inline constexpr bool kSharedIgnoresFence = true;
+#else
+inline constexpr bool kSharedIgnoresFence = false;
+#endif
+
 }  // namespace blkfence::fence::mutant

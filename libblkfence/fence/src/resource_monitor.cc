@@ -227,7 +227,7 @@ void Resource::check_unfenced(const Reads& reads, bool has_keys, Time started, T
 bool Resource::fenced_if_removed(const Reads& reads, Time now) {
   BLKFENCE_ASSERT(key_.has_value());
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    if (reads.lus[i].keys && !reads.registered(i, key_->value())) {
+    if (reads.lus[i].keys && !reads.registered(i, key_->value()) && !mutant::kSharedIgnoresFence) {
       fenced(reads.holder(i), options_.lus[i].name, "our key was removed", now);
       return true;
     }
