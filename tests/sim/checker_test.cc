@@ -27,6 +27,10 @@
 //   check_s1                  CheckerS1.FencedEpochLandingAfterThePreemptViolates,
 //                             CheckerS1.FencedEpochLandingOnTheSecondLuViolates,
 //                             CheckerRecord.AWriteNoWriterIssuedIsReported (check_s1 reports it)
+//     no new-path excuse      CheckerS1.AWriteThroughANewPathRegisteredJustAfterThePreemptBefore-
+//                             TheNodeKnowsIsExcused
+//     the excuse unbounded    CheckerS1.AWriteThroughALateRegistrationIssuedAfterTheNodeCouldKnow-
+//     (until the run's end)   Violates
 //   check_s2 (at the gate's   CheckerS2.AGateOpeningBesideAnotherKeyViolates,
 //     opening, at the end)    CheckerS2.TwoGatesOpenAtTheEndViolate,
 //                             CheckerS2.AnOpenGateWhoseKeyIsNotSoleHolderAtTheEndViolates,
