@@ -263,15 +263,23 @@ std::optional<Time> Node::wake() const {
   return wake;
 }
 
+// The driver asked for an operation while another runs: recorded as refused (kBusy).
+bool Node::refused_while_busy(const std::string& why) {
+  if (!resource_->busy()) {
+    return false;
+  }
+  Entry& entry = world_.trace(id_, EntryKind::kRefused);
+  entry.ok = false;
+  entry.code = ErrorCode::kBusy;
+  entry.detail = why + " refused: another operation is running";
+  return true;
+}
+
 void Node::acquire(const std::string& why) {
   if (!running()) {
     return;
   }
-  if (resource_->busy()) {
-    Entry& entry = world_.trace(id_, EntryKind::kRefused);
-    entry.ok = false;
-    entry.code = ErrorCode::kBusy;
-    entry.detail = why + " refused: another operation is running";
+  if (refused_while_busy(why)) {
     return;
   }
   const bool shared = world_.config().shared;
@@ -320,11 +328,7 @@ void Node::fence(std::uint16_t victim) {
     return;
   }
   const std::string why = "fence node " + std::to_string(victim);
-  if (resource_->busy()) {
-    Entry& entry = world_.trace(id_, EntryKind::kRefused);
-    entry.ok = false;
-    entry.code = ErrorCode::kBusy;
-    entry.detail = why + " refused: another operation is running";
+  if (refused_while_busy(why)) {
     return;
   }
   world_.trace(id_, EntryKind::kFenceCalled).detail = why;

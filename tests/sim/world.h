@@ -334,6 +334,7 @@ class Node final : public fence::Observer {
 
  private:
   fence::ResourceOptions options() const;
+  bool refused_while_busy(const std::string& why);
 
   World& world_;
   std::uint16_t id_;
