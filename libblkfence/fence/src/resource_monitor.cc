@@ -76,10 +76,8 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
     }
     // A read that failed proves nothing, but one that came back and shows our key gone does,
     // whatever became of the others: the gate closes at this round, not at the lease's end.
-    const bool lost = state_ == State::kLostContact;
-    if (options_.mode == Mode::kShared && (state_ == State::kUnfenced || lost) && key_) {
-      fenced_if_removed(reads, now);
-    } else if ((state_ == State::kHeld || lost) && key_) {
+    if ((state_ == State::kHeld || state_ == State::kUnfenced || state_ == State::kLostContact) &&
+        key_) {
       fenced_if_lost(reads, now);
     }
     return;  // otherwise the lease decides (on_time)
@@ -127,16 +125,22 @@ void Resource::check_held(const Reads& reads, bool has_keys, Time started, Time 
   }
 }
 
-// Exclusive: the fence, declared on the first LU whose answers show our key no longer holding it
-// (another holder, no reservation, or our key not registered). Only the answers that came back
-// count, so a round with a failed read still proves what its other reads show.
+// The fence, declared on the first LU whose answers show our key lost: not registered (READ
+// KEYS), or, in exclusive mode, not the holder (another holder or none: READ RESERVATION; in shared
+// mode another member's reservation, or none, is no loss). Only the answers that came back count,
+// so a round with a failed read still proves what its other reads show.
 bool Resource::fenced_if_lost(const Reads& reads, Time now) {
   BLKFENCE_ASSERT(key_.has_value());
+  const bool shared = options_.mode == Mode::kShared;
+  if (shared && mutant::kSharedIgnoresFence) {
+    return false;
+  }
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    const bool holder_read = reads.lus[i].reservation.has_value();
+    const bool holder_read = !shared && reads.lus[i].reservation.has_value();
     const auto holder = reads.holder(i);
+    const bool not_holder = holder_read && holder != key_->value();
     const bool key_gone = reads.lus[i].keys.has_value() && !reads.registered(i, key_->value());
-    if ((holder_read && holder != key_->value()) || key_gone) {
+    if (not_holder || key_gone) {
       // READ RESERVATION may have run before the preempt and READ KEYS after it: the holder
       // read is then our own key, and the one that fenced us is the key registered instead.
       std::optional<std::uint64_t> by = holder;
@@ -145,8 +149,9 @@ bool Resource::fenced_if_lost(const Reads& reads, Time now) {
         by = others.empty() ? std::nullopt : std::optional(others.front());
       }
       fenced(by, options_.lus[i].name,
-             holder ? "the reservation is held by " + Key::format(*holder)
-                    : (key_gone ? "our key is no longer registered" : "no reservation"),
+             not_holder ? (holder ? "the reservation is held by " + Key::format(*holder)
+                                  : std::string("no reservation"))
+                        : "our key is no longer registered",
              now);
       return true;
     }
@@ -185,7 +190,7 @@ void Resource::reopen_after_lost_contact(const Reads& reads, bool has_keys, Time
 // shared state (never as an exclusive holder, which would preempt the other members as strays).
 void Resource::check_unfenced(const Reads& reads, bool has_keys, Time started, Time now) {
   BLKFENCE_ASSERT(key_.has_value());
-  if (has_keys && fenced_if_removed(reads, now)) {
+  if (fenced_if_lost(reads, now)) {
     return;
   }
   std::vector<pr::Request> reserves;
@@ -219,20 +224,6 @@ void Resource::check_unfenced(const Reads& reads, bool has_keys, Time started, T
   if (!reserves.empty()) {
     monitor_send(std::move(reserves), now);
   }
-}
-
-// Shared: the fence, declared on the first LU whose READ KEYS came back without our key (another
-// member's fence_node removed it). Only the answers that came back count, so a round with a failed
-// read still proves what its other reads show, as in exclusive mode (fenced_if_lost).
-bool Resource::fenced_if_removed(const Reads& reads, Time now) {
-  BLKFENCE_ASSERT(key_.has_value());
-  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    if (reads.lus[i].keys && !reads.registered(i, key_->value()) && !mutant::kSharedIgnoresFence) {
-      fenced(reads.holder(i), options_.lus[i].name, "our key was removed", now);
-      return true;
-    }
-  }
-  return false;
 }
 
 // The key of a failed acquire, still registered where another node holds, once no PREEMPT of that

@@ -240,7 +240,6 @@ class Resource {
   bool fenced_if_lost(const Reads& reads, Time now);
   void reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started, Time now);
   void check_unfenced(const Reads& reads, bool has_keys, Time started, Time now);
-  bool fenced_if_removed(const Reads& reads, Time now);
   void take_back_leftover(const Reads& reads, Time now);
   void preempt_strays(const Reads& reads, Time now);
   void monitor_send(std::vector<pr::Request> requests, Time now);
