@@ -11,6 +11,9 @@
 #            a reservation conflict on node A's nexus to its LU.
 #   control: pre_promote is /bin/true. The stale commit IS acknowledged and its marker IS on A's
 #            LU: the harness sees what the fence prevents.
+#            Before that, B's path to LU 0 is taken offline during the freeze: B wins the leader
+#            lock, its pre_promote cannot fence and fails, and B must stay in recovery on its
+#            timeline; once the path is back, B promotes by itself.
 # Both: the replica promotes; every id the client recorded is on the final primary.
 #   usage: failover.sh fence|control
 set -u
@@ -131,12 +134,33 @@ lab_expect_read "a session on A with synchronous_commit = local is open" ready c
 patroni_a=$(cat "$PGL/patroni-a.pid") postmaster_a=$(pgl_postmaster_group A)
 echo "$postmaster_a" >"$PGL/postmaster-a.group"
 dmesg_lines=$(dmesg | wc -l)
+if [[ $mode == fence ]]; then
+  b_path0=/sys/class/scsi_device/$(lab_dev B 0 hctl)/device/state
+  lab_capture timeline pgl_psql B "SELECT timeline_id FROM pg_control_checkpoint()"
+  lab_expect "B's path to LU 0 goes offline" eval "echo offline >'$b_path0'"
+fi
 lab_expect "A's Patroni and postmaster group are frozen" eval 'kill -STOP "$patroni_a" && kill -STOP -- "-$postmaster_a"'
 t_freeze=$EPOCHREALTIME
 lab_log "froze A's Patroni ($patroni_a) and postmaster group ($postmaster_a)"
+if [[ $mode == fence ]]; then
+  # --- a fence that cannot be made blocks the promotion ---
+  for ((try = 0; try < 600; try++)); do
+    (($(pgl_count 'pre_promote script .* exited with [1-9]' "$PGL/patroni-b.log") >= 1)) && break
+    sleep 0.2
+  done
+  lab_expect "B's pre_promote fails without its path to LU 0" grep -q 'pre_promote script .* exited with [1-9]' "$PGL/patroni-b.log"
+  lab_log "B's first pre_promote failed $(pgl_ms_since "$t_freeze") ms after the freeze"
+  lab_expect "B's Patroni gives the leader lock up" grep -q 'Releasing the leader key voluntarily' "$PGL/patroni-b.log"
+  lab_expect_read "B stays in recovery" t pgl_psql B "SELECT pg_is_in_recovery()"
+  lab_expect_read "B stays on timeline $timeline" "$timeline" pgl_psql B "SELECT timeline_id FROM pg_control_checkpoint()"
+  lab_expect "A's key still holds LU 0 (read through A)" eval \
+    '[[ $(lab_holder_key "$(lab_dev A 0)") =~ ^0x${cluster_prefix}0001[0-9a-f]{8}$ ]]'
+  lab_expect "B's path to LU 0 is back" eval "echo running >'$b_path0'"
+  t_back=$EPOCHREALTIME
+fi
 lab_expect "B takes the leader lock and promotes" pgl_await_promoted B 600
 freeze_to_primary_ms=$(pgl_ms_since "$t_freeze")
-lab_log "B primary $freeze_to_primary_ms ms after the freeze"
+lab_log "B primary $freeze_to_primary_ms ms after the freeze${t_back:+, $(pgl_ms_since "$t_back") ms after its path came back}"
 # pre_promote's run time: the hook's own start line and Patroni's line on its exit status.
 hook_ms=$(awk '
   /blkfence-patroni-hook: pre_promote / { split($4, t, ":"); start = t[1] * 3600 + t[2] * 60 + t[3] }
@@ -178,6 +202,41 @@ else
   lab_expect "(control) the marker is on A's LU" grep -q -a "$marker" "$luA"
 fi
 lab_expect_read "the marker row is not on B" 0 pgl_psql B "SELECT count(*) FROM t WHERE note = '$marker'"
+
+# --- rejoin: the old primary comes back as a replica (integrations/patroni/README.md) -------------
+if [[ $mode == fence ]]; then
+  t0=$EPOCHREALTIME
+  # What stopping the service does to a frozen node: Patroni and PostgreSQL killed.
+  kill -KILL "$patroni_a" 2>/dev/null
+  kill -KILL -- "-$postmaster_a" 2>/dev/null
+  # Exited processes have closed their files (the mount is free) even while they are zombies.
+  for ((try = 0; try < 100; try++)); do
+    bf_alive "$patroni_a" || break
+    sleep 0.1
+  done
+  sleep 0.5
+  lab_expect "A's file system is unmounted" umount /lab/pg/a
+  lab_expect "A registers its member key again (unfence)" member A unfence pg
+  a_dev=$(lab_dev A "${pgl_lu[A]}")
+  e2fsck -f -y "$a_dev" >"$PGL/fsck-a.log" 2>&1
+  lab_expect "fsck repairs A's file system (exit $?, at most 1: errors corrected)" test "$?" -le 1
+  lab_expect "A's file system is mounted again" mount -o noatime "$a_dev" /lab/pg/a
+  pgl_patroni_start A
+  lab_expect "A rejoins as a replica of B" pgl_await A /replica 900
+  for ((try = 0; try < 150; try++)); do
+    [[ $(pgl_psql B "SELECT state FROM pg_stat_replication WHERE application_name = 'pg-a'" 2>/dev/null) == streaming ]] && break
+    sleep 0.2
+  done
+  lab_expect_read "B streams to A" streaming pgl_psql B "SELECT state FROM pg_stat_replication WHERE application_name = 'pg-a'"
+  lab_log "rejoin: A streaming from B $(pgl_ms_since "$t0") ms after it was stopped"
+  lab_expect "a row written on B" pgl_psql B "INSERT INTO t (id, note) VALUES (-2, 'after rejoin')"
+  for ((try = 0; try < 150; try++)); do
+    [[ $(pgl_psql A "SELECT count(*) FROM t WHERE id = -2" 2>/dev/null) == 1 ]] && break
+    sleep 0.2
+  done
+  lab_expect_read "reaches A" 1 pgl_psql A "SELECT count(*) FROM t WHERE id = -2"
+  lab_expect_read "the stale row is not on A either" 0 pgl_psql A "SELECT count(*) FROM t WHERE note = '$marker'"
+fi
 
 # --- no acknowledged commit lost -----------------------------------------------------------------
 touch "$PGL/client.stop"
