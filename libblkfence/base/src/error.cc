@@ -17,6 +17,7 @@ std::string_view to_string(ErrorCode code) {
     case ErrorCode::kNotSupported: return "not supported";
     case ErrorCode::kBusy: return "busy";
     case ErrorCode::kLost: return "held by another node";
+    case ErrorCode::kCancelled: return "cancelled";
   }
   return "unknown error";
 }

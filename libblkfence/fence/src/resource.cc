@@ -35,6 +35,13 @@ std::string_view to_string(Mode mode) {
   return mode == Mode::kExclusive ? "exclusive" : "shared";
 }
 
+std::string_view mode_name(const ResourceOptions& options) {
+  if (options.mode == Mode::kExclusive) {
+    return "exclusive";
+  }
+  return options.primary ? "primary" : "shared";
+}
+
 std::string_view to_string(EventKind kind) {
   switch (kind) {
     case EventKind::kStateKnown: return "state-known";
@@ -178,6 +185,9 @@ void Resource::end(Result<Key> result, Time now) {
   BLKFENCE_ASSERT(op_ != Op::kNone);
   const Op op = op_;
   op_ = Op::kNone;
+  if (!queued_) {
+    cancelled_ = false;  // a cancel() while queued behind a path's registration holds for it
+  }
   Done done = std::move(done_);
   done_ = nullptr;
   if (!result && op != Op::kProbe) {
@@ -196,6 +206,12 @@ void Resource::end(Result<Key> result, Time now) {
   }
   if (op_ == Op::kNone && !new_paths_.empty()) {
     register_new_paths(now);
+  }
+}
+
+void Resource::cancel() {
+  if (op_ == Op::kAcquire || op_ == Op::kPromote || (op_ == Op::kPaths && queued_)) {
+    cancelled_ = true;
   }
 }
 
@@ -236,9 +252,11 @@ void Resource::emit(EventKind kind, std::string detail, std::optional<std::uint6
 bool Resource::refuse(Mode mode, Time now, Done& done) {
   if (options_.mode != mode) {
     done(fail(ErrorCode::kInvalidArgument,
-              "resource " + options_.name + " is in " + std::string(to_string(options_.mode)) +
+              "resource " + options_.name + " is in " + std::string(mode_name(options_)) +
                   " mode: use " +
-                  (options_.mode == Mode::kShared ? "unfence and fence" : "acquire and release")),
+                  (options_.mode == Mode::kExclusive ? "acquire and release"
+                   : options_.primary                ? "unfence, promote and fence"
+                                                     : "unfence and fence")),
          now);
     return true;
   }
@@ -288,10 +306,17 @@ void Resource::probe_read(const Reads& reads, Time now) {
   }
   if (const std::optional<Key> key = adoptable(reads, stored)) {
     key_ = *key;
+    // Primary mode: our key holding every LU with the stored epoch is the primary's token.
+    bool holds = options_.primary && key->epoch() == stored && key->epoch() > 0;
+    for (std::size_t i = 0; holds && i < reads.lus.size(); ++i) {
+      holds = reads.holder(i) == key->value();
+    }
+    primary_ = holds;
     const bool exclusive = options_.mode == Mode::kExclusive;
-    set_state(exclusive ? State::kHeld : State::kUnfenced,
+    set_state(exclusive || holds ? State::kHeld : State::kUnfenced,
               "our key " + key_->to_string() +
                   (exclusive ? " is the holder and only registrant on every LU: adopted"
+                   : holds   ? " is the primary's: it holds every LU"
                              : " is registered on every LU"));
     last_success_ = reads.started;
     set_gate(true, reads.started);
@@ -327,7 +352,8 @@ std::optional<Key> Resource::adoptable(const Reads& reads, std::uint32_t stored)
         registered = true;
       }
     }
-    if (!registered || !reads.lus[i].reservation->reservation) {
+    // Primary mode: the members do not reserve; an unreserved LU is the primary's business.
+    if (!registered || (!options_.primary && !reads.lus[i].reservation->reservation)) {
       return std::nullopt;
     }
   }

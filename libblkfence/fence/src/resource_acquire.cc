@@ -95,6 +95,10 @@ void Resource::acquire_draw(Reads reads, int round, Time at) {
 }
 
 void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
+  if (cancelled_) {
+    acquire_failed(key, "cancelled before registering", now);
+    return;
+  }
   std::vector<pr::Request> requests;
   for (const auto& lu : options_.lus) {
     for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
@@ -130,6 +134,11 @@ codec::PrOutCommand Resource::take_command(Key key, std::uint64_t victim) const 
 }
 
 void Resource::acquire_take(Key key, Reads reads, bool registered, int round, Time now) {
+  if (cancelled_) {
+    // The caller is gone: taking a LU now could preempt a holder that came after it.
+    acquire_failed(key, "cancelled before taking the LUs", now);
+    return;
+  }
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     // A key of another node of this cluster with an epoch as high as ours holds: it registered
     // after our read, and it may well have opened its gate already. Taking over with our key
@@ -190,6 +199,10 @@ void Resource::acquire_take(Key key, Reads reads, bool registered, int round, Ti
 }
 
 void Resource::acquire_preempt_others(Key key, const Reads& reads, int round, Time now) {
+  if (cancelled_) {
+    acquire_failed(key, "cancelled before preempting the other keys", now);
+    return;
+  }
   std::vector<pr::Request> requests;
   std::vector<std::size_t> lu_of;
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
@@ -332,7 +345,9 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
     if (!reads.ok()) {
       detail += "; and reading back: " + reads.errors(options_.lus);
     }
-    const ErrorCode code = winner ? ErrorCode::kLost : ErrorCode::kIndeterminate;
+    const ErrorCode code = cancelled_ ? ErrorCode::kCancelled
+                           : winner   ? ErrorCode::kLost
+                                      : ErrorCode::kIndeterminate;
     if (winner) {
       detail += "; " + Key::format(*winner) + " holds it";
     }
@@ -379,6 +394,7 @@ void Resource::release(Time now, Done done) {
     return;
   }
   begin(Op::kRelease, std::move(done));
+  primary_ = false;
   // The writer stops before anything else happens (docs/protocol.md, Release).
   set_gate(false, now);
   if (!key_) {

@@ -95,7 +95,7 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
     take_back_leftover(reads, now);
   }
   const bool lost = state_ == State::kLostContact;
-  if (options_.mode == Mode::kShared && (state_ == State::kUnfenced || lost)) {
+  if (options_.mode == Mode::kShared && !primary_ && (state_ == State::kUnfenced || lost)) {
     check_unfenced(reads, has_keys, started, now);
   } else if (state_ == State::kHeld || lost) {
     check_held(reads, has_keys, started, now);
@@ -117,8 +117,8 @@ void Resource::check_held(const Reads& reads, bool has_keys, Time started, Time 
     return;
   }
   last_success_ = started;
-  if (has_keys) {
-    preempt_strays(reads, now);
+  if (has_keys && !primary_) {
+    preempt_strays(reads, now);  // in primary mode the other keys are the members
   }
   if (state_ == State::kLostContact) {
     reopen_after_lost_contact(reads, has_keys, started, now);
@@ -126,17 +126,20 @@ void Resource::check_held(const Reads& reads, bool has_keys, Time started, Time 
 }
 
 // The fence, declared on the first LU whose answers show our key lost: not registered (READ
-// KEYS), or, in exclusive mode, not the holder (another holder or none: READ RESERVATION; in shared
-// mode another member's reservation, or none, is no loss). Only the answers that came back count,
-// so a round with a failed read still proves what its other reads show.
+// KEYS), or, in exclusive mode and for the primary of primary mode, not the holder (another holder
+// or none: READ RESERVATION; in shared mode another member's reservation, or none, is no loss).
+// Only the answers that came back count, so a round with a failed read still proves what its other
+// reads show.
 bool Resource::fenced_if_lost(const Reads& reads, Time now) {
   BLKFENCE_ASSERT(key_.has_value());
   const bool shared = options_.mode == Mode::kShared;
   if (shared && mutant::kSharedIgnoresFence) {
     return false;
   }
+  // The primary of primary mode is a holder as in exclusive mode.
+  const bool holds = !shared || primary_;
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    const bool holder_read = !shared && reads.lus[i].reservation.has_value();
+    const bool holder_read = holds && reads.lus[i].reservation.has_value();
     const auto holder = reads.holder(i);
     const bool not_holder = holder_read && holder != key_->value();
     const bool key_gone = reads.lus[i].keys.has_value() && !reads.registered(i, key_->value());
@@ -171,8 +174,8 @@ void Resource::reopen_after_lost_contact(const Reads& reads, bool has_keys, Time
     return;
   }
   bool sole = has_keys;
-  for (std::size_t i = 0; sole && i < reads.lus.size(); ++i) {
-    sole = reads.others(i, key_->value()).empty();
+  for (std::size_t i = 0; sole && i < reads.lus.size() && !primary_; ++i) {
+    sole = reads.others(i, key_->value()).empty();  // the primary's members stay registered
   }
   if (!sole) {
     keys_next_ = true;
@@ -194,7 +197,7 @@ void Resource::check_unfenced(const Reads& reads, bool has_keys, Time started, T
     return;
   }
   std::vector<pr::Request> reserves;
-  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+  for (std::size_t i = 0; i < reads.lus.size() && !options_.primary; ++i) {
     if (!reads.lus[i].reservation->reservation) {
       // Without a reservation any nexus may write; putting one back registers nothing (S5).
       reserves.push_back(pr::prout_first_path(
@@ -333,6 +336,7 @@ void Resource::fenced(std::optional<std::uint64_t> by, const std::string& lu,
                       const std::string& why, Time now) {
   ++counters_.fenced;
   fenced_by_ = by;
+  primary_ = false;
   set_gate(false, now);
   // S5: from here on nothing registers our key again until an explicit acquire or unfence.
   set_state(State::kFenced, "fenced on " + lu + ": " + why);

@@ -17,11 +17,14 @@ void Resource::unfence(Time now, Done done) {
   if (refuse(Mode::kShared, now, done)) {
     return;
   }
-  if (state_ == State::kUnfenced && gate_open_) {
+  // A member already, or the primary (a member that holds): re-registering the member key on the
+  // holding nexus would move the reservation to it.
+  if ((state_ == State::kUnfenced || (primary_ && state_ == State::kHeld)) && gate_open_) {
     done(*key_, now);
     return;
   }
   begin(Op::kUnfence, std::move(done));
+  primary_ = false;
   new_paths_.clear();          // every path is registered
   const Key key = key_for(0);  // docs/protocol.md, "Shared mode": members register with epoch 0
   key_ = key;
@@ -62,6 +65,10 @@ void Resource::unfence(Time now, Done done) {
 }
 
 void Resource::unfence_reserve(Key key, Time now) {
+  if (options_.primary) {
+    unfence_verify(key, now);  // members never reserve: the primary holds (promote)
+    return;
+  }
   read_all(false, now, [this, key](Reads reads, Time at) {
     std::vector<pr::Request> reserves;
     for (std::size_t i = 0; i < reads.lus.size(); ++i) {
@@ -90,7 +97,7 @@ void Resource::unfence_verify(Key key, Time now) {
         problem = reads.lus[i].error;
       } else if (!reads.registered(i, key.value())) {
         problem = "our key is not registered";
-      } else if (!reads.lus[i].reservation->reservation) {
+      } else if (!options_.primary && !reads.lus[i].reservation->reservation) {
         problem = "no reservation protects it";
       }
       if (!problem.empty()) {

@@ -226,6 +226,9 @@ class Node {
   Outcome* fence_node(std::uint16_t victim) {
     return track([&](auto done) { resource->fence_node(victim, now(), done); });
   }
+  Outcome* promote() {
+    return track([&](auto done) { resource->promote(now(), done); });
+  }
 
   // Commands of this node on the wire from index `from` on.
   std::vector<Sent> sent_since(std::size_t from) const {

@@ -24,6 +24,7 @@ enum class ErrorCode : std::uint8_t {
   kNotSupported,         // the device or kernel lacks the feature
   kBusy,                 // another operation on the same resource is in progress
   kLost,                 // another node holds the resource (acquire lost a race, or we were fenced)
+  kCancelled,            // the caller went away or its deadline passed before the operation ended
 };
 
 std::string_view to_string(ErrorCode code);

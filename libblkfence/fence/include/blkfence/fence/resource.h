@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,12 +48,15 @@ enum class Mode : std::uint8_t {
   kExclusive,  // one holder, the only registrant (type 5 by default)
   kShared,     // fence_scsi style: every member registered, fence removes one
 };
+// Shared mode with ResourceOptions::primary: the members register and never reserve; the primary
+// holds the reservation, and promote makes this node the primary by preempting the old one.
 
 enum class State : std::uint8_t {
   kUnknown,      // the first read has not succeeded yet
   kReleased,     // exclusive: not the holder; shared: not registered
   kAcquiring,    // exclusive acquire in progress
-  kHeld,         // exclusive: our key is the verified holder and only registrant on every LU
+  kHeld,         // exclusive: our key is the verified holder and only registrant on every LU;
+                 // primary: our key is the verified holder and registered on every LU
   kUnfencing,    // shared: registering
   kUnfenced,     // shared: our key is registered on every LU and a reservation protects them
   kReleasing,    // giving the reservation and the registration back
@@ -62,12 +66,17 @@ enum class State : std::uint8_t {
 std::string_view to_string(State state);
 std::string_view to_string(Mode mode);
 
+struct ResourceOptions;
+// "exclusive", "shared" or "primary" (shared with ResourceOptions::primary), as configured.
+std::string_view mode_name(const ResourceOptions& options);
+
 struct ResourceOptions {
   std::string name;
   std::vector<pr::LogicalUnit> lus;
   Mode mode = Mode::kExclusive;
   codec::PrType type = codec::PrType::kWriteExclusiveRegistrantsOnly;
   bool preempt_abort = false;  // PREEMPT AND ABORT instead of PREEMPT to take over
+  bool primary = false;        // shared mode: members never reserve; promote takes the holder's
   std::uint16_t cluster_id = 0;
   std::uint16_t node_id = 0;
   std::chrono::nanoseconds check_interval{std::chrono::seconds(1)};
@@ -152,6 +161,11 @@ class Resource {
   void release(Time now, Done done);                            // both modes: gate closed first
   void unfence(Time now, Done done);                            // shared
   void fence_node(std::uint16_t node_id, Time now, Done done);  // shared
+  void promote(Time now, Done done);                            // shared, primary
+  // The caller of the running acquire or promote went away or ran out of time: the operation
+  // sends no further PR OUT that could take a LU (it reads back and fails instead). Nothing
+  // happens when no operation runs.
+  void cancel();
 
   // Path hot-plug: the paths of LU `lu` (an index into options().lus) are now `paths`. New paths
   // of a LU this node holds (exclusive, verified) or is unfenced on (shared) are registered with
@@ -180,7 +194,16 @@ class Resource {
   const Counters& counters() const { return counters_; }
 
  private:
-  enum class Op : std::uint8_t { kNone, kProbe, kAcquire, kRelease, kUnfence, kFence, kPaths };
+  enum class Op : std::uint8_t {
+    kNone,
+    kProbe,
+    kAcquire,
+    kRelease,
+    kUnfence,
+    kFence,
+    kPromote,
+    kPaths
+  };
   struct Reads;
   using ReadsDone = std::function<void(Reads, Time)>;
 
@@ -223,6 +246,13 @@ class Resource {
   void unfence_reserve(Key key, Time now);
   void unfence_verify(Key key, Time now);
   void fence_preempt(std::uint16_t victim, const Reads& reads, Time now);
+
+  // resource_promote.cc: primary mode's promote.
+  void promote_draw(const Reads& reads, Time now);
+  void promote_take(Key key, const Reads& reads, std::set<std::uint64_t> victims, int round,
+                    Time now);
+  void promote_verify(Key key, std::set<std::uint64_t> victims, int round, Time now);
+  void promote_failed(Key key, std::string why, Time now);
 
   // resource_paths.cc: path hot-plug.
   bool holding() const;
@@ -271,7 +301,10 @@ class Resource {
 
   Op op_ = Op::kNone;
   Done done_;
-  std::uint64_t generation_ = 0;  // bumped when an operation starts: stale check answers drop
+  bool cancelled_ = false;  // cancel(): the running operation sends no further taking PR OUT
+  bool primary_ = false;    // primary mode: our key is the verified holder (promote, or adopted)
+  bool promoting_member_ = false;  // a promote started with the member gate open
+  std::uint64_t generation_ = 0;   // bumped when an operation starts: stale check answers drop
 
   bool check_in_flight_ = false;
   std::optional<Time> next_check_;

@@ -1,0 +1,202 @@
+// Proves fence::Resource's primary mode (docs/protocol.md, "Primary mode") on the bench of
+// resource_test_bench.h: members register and never reserve; promote preempts the old primary's
+// key only, draws a higher epoch, and keeps the promoting member registered throughout; a cancelled
+// promote or acquire sends no PREEMPT; a failed promote leaves a member a member; a restarted
+// primary is adopted as the primary.
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "resource_test_bench.h"
+
+namespace blkfence::fence::test {
+namespace {
+
+constexpr auto kPreempt = static_cast<std::uint8_t>(codec::PrOutAction::kPreempt);
+constexpr auto kRegisterAndIgnore =
+    static_cast<std::uint8_t>(codec::PrOutAction::kRegisterAndIgnoreExistingKey);
+
+class PrimaryTest : public ResourceTest {
+ protected:
+  ResourceOptions primary(Node& node) const {
+    ResourceOptions o = node.options(Mode::kShared);
+    o.primary = true;
+    return o;
+  }
+  void boot_members() {
+    a->boot(primary(*a));
+    b->boot(primary(*b));
+    a->resource->start(now());
+    b->resource->start(now());
+    ASSERT_TRUE(
+        run_until([&] { return a->resource->state_known() && b->resource->state_known(); }));
+    for (Node* node : {a.get(), b.get()}) {
+      Outcome* unfenced = node->unfence();
+      ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
+      ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
+    }
+  }
+  Key promoted(Node& node) {
+    Outcome* outcome = node.promote();
+    EXPECT_TRUE(run_until([outcome] { return outcome->done(); }));
+    EXPECT_TRUE(outcome->done() && outcome->result->has_value())
+        << (outcome->done() ? outcome->result->error().message() : std::string("not done"));
+    return outcome->done() && outcome->result->has_value() ? **outcome->result : key_of(1, 0);
+  }
+  std::size_t prouts_by(std::uint16_t node, std::uint8_t action) const {
+    const auto records = prouts_of(node);
+    return static_cast<std::size_t>(
+        std::count_if(records.begin(), records.end(),
+                      [action](const auto& r) { return r.service_action == action; }));
+  }
+};
+
+// Members register and leave the LUs unreserved; A's promote reserves them with epoch 1; B's
+// promote preempts A's key (A's registrations go, the reservation moves to B with epoch 2), and B
+// was registered throughout. A's monitor sees the fence; B stays the primary, A a fenced node.
+TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
+  boot_members();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), std::nullopt) << "members never reserve";
+  }
+  EXPECT_EQ(a->resource->state(), State::kUnfenced);
+  EXPECT_TRUE(b->resource->gate_open());
+
+  const Key first = promoted(*a);
+  EXPECT_EQ(first, key_of(kNodeA, 1));
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), first.value());
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{first.value(), first.value(),
+                                                       key_of(kNodeB, 0).value()}));
+  }
+  EXPECT_EQ(prouts_by(kNodeA, kPreempt), 0U) << "nobody held: RESERVE, no preempt";
+  Outcome* again = a->unfence();
+  ASSERT_TRUE(again->done()) << "the primary is a member already";
+  EXPECT_EQ(**again->result, first);
+  EXPECT_EQ(holder_of(0), first.value());
+
+  (void)run_until([] { return false; }, 3 * kCheckInterval);
+  EXPECT_TRUE(b->resource->gate_open()) << "the primary's monitor preempts no member";
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+
+  const Key second = promoted(*b);
+  EXPECT_EQ(second, key_of(kNodeB, 2)) << "above every key of the cluster on the LUs";
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), second.value());
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{second.value()}));
+  }
+  EXPECT_TRUE(b->resource->gate_open());
+  EXPECT_EQ(b->resource->state(), State::kHeld);
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->fenced_by(), second.value());
+  ASSERT_TRUE(b->recorder.last(EventKind::kAcquired).has_value());
+  EXPECT_EQ(b->recorder.last(EventKind::kAcquired)->second.other_key, first.value());
+
+  // A fenced node is not re-registered by its own monitor (S5).
+  (void)run_until([] { return false; }, 4 * kCheckInterval);
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{second.value()}));
+}
+
+TEST_F(PrimaryTest, OnlyPrimaryModePromotes) {
+  a->boot(a->options(Mode::kShared));
+  Outcome* shared = a->promote();
+  ASSERT_TRUE(shared->done());
+  EXPECT_EQ(shared->result->error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(shared->result->error().message().find("\"primary\""), std::string::npos);
+  b->boot(b->options(Mode::kExclusive));
+  Outcome* exclusive = b->promote();
+  ASSERT_TRUE(exclusive->done());
+  EXPECT_EQ(exclusive->result->error().code(), ErrorCode::kInvalidArgument);
+  Outcome* acquire = a->acquire();
+  ASSERT_TRUE(acquire->done());
+  EXPECT_EQ(acquire->result->error().code(), ErrorCode::kInvalidArgument);
+}
+
+// The caller of a promote went away (Patroni killed its pre_promote) after the promote registered
+// its new key: the promote sends no PREEMPT, A stays the primary, and B stays a member with its
+// gate open (a replica keeps writing).
+TEST_F(PrimaryTest, ACancelledPromoteNeverPreempts) {
+  boot_members();
+  const Key first = promoted(*a);
+  const std::size_t registers = prouts_by(kNodeB, kRegisterAndIgnore);
+  Outcome* promote = b->promote();
+  ASSERT_TRUE(run_until([&] { return prouts_by(kNodeB, kRegisterAndIgnore) > registers; }));
+  b->resource->cancel();
+  ASSERT_TRUE(run_until([&] { return promote->done(); }));
+  ASSERT_FALSE(promote->result->has_value());
+  EXPECT_EQ(promote->result->error().code(), ErrorCode::kCancelled);
+  EXPECT_EQ(prouts_by(kNodeB, kPreempt), 0U);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), first.value());
+  }
+  EXPECT_TRUE(b->resource->gate_open());
+  EXPECT_EQ(b->resource->state(), State::kUnfenced);
+  EXPECT_TRUE(a->resource->gate_open());
+  (void)run_until([] { return false; }, 3 * kCheckInterval);
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_TRUE(b->resource->gate_open());
+
+  // cancel() with nothing running does nothing: the next promote goes through.
+  b->resource->cancel();
+  EXPECT_GT(promoted(*b).epoch(), b->resource->key()->epoch() - 1);
+  EXPECT_EQ(holder_of(0), b->resource->key()->value());
+}
+
+// The same for an exclusive acquire cancelled at once: it sends no PR OUT that takes a LU.
+TEST_F(PrimaryTest, ACancelledAcquireNeverPreempts) {
+  a->boot(a->options());
+  b->boot(b->options());
+  const Key held = acquired(*a);
+  Outcome* acquire = b->acquire();
+  b->resource->cancel();
+  ASSERT_TRUE(run_until([&] { return acquire->done(); }));
+  ASSERT_FALSE(acquire->result->has_value());
+  EXPECT_EQ(acquire->result->error().code(), ErrorCode::kCancelled);
+  EXPECT_EQ(prouts_by(kNodeB, kPreempt), 0U);
+  EXPECT_EQ(holder_of(0), held.value());
+  EXPECT_TRUE(a->resource->gate_open());
+}
+
+// A promote that cannot reach one LU fails; B stays a member with its gate open, and A the primary.
+TEST_F(PrimaryTest, AFailedPromoteLeavesAMemberAMember) {
+  boot_members();
+  const Key first = promoted(*a);
+  b->transport->set_link(LuId{1}, LinkState::kNoAnswer);
+  Outcome* promote = b->promote();
+  ASSERT_TRUE(run_until([&] { return promote->done(); }));
+  ASSERT_FALSE(promote->result->has_value());
+  EXPECT_EQ(holder_of(1), first.value());
+  b->transport->set_link(LuId{1}, LinkState::kUp);
+  ASSERT_TRUE(run_until([&] { return b->resource->gate_open(); }));
+  EXPECT_EQ(b->resource->state(), State::kUnfenced);
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  // Retrying works once the path is back, and fences A.
+  const Key second = promoted(*b);
+  EXPECT_GT(second.epoch(), first.epoch());
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+}
+
+// A restarted primary whose key holds every LU with the stored epoch is the primary again; a
+// restarted member is a member again, with the LUs unreserved or not.
+TEST_F(PrimaryTest, ARestartAdoptsThePrimaryAndTheMember) {
+  boot_members();
+  const Key first = promoted(*a);
+  a->crash();
+  b->crash();
+  a->boot(primary(*a));
+  b->boot(primary(*b));
+  a->resource->start(now());
+  b->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->gate_open() && b->resource->gate_open(); }));
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_EQ(a->resource->key(), first);
+  EXPECT_EQ(b->resource->state(), State::kUnfenced);
+  EXPECT_EQ(b->resource->key(), key_of(kNodeB, 0));
+}
+
+}  // namespace
+}  // namespace blkfence::fence::test

@@ -1,0 +1,268 @@
+// Primary mode's promote: this node becomes the primary, the holder of every LU, by preempting the
+// old primary's key; the other members stay registered (docs/protocol.md, "Primary mode"; fence
+// layer). See resource.h.
+#include <algorithm>
+#include <set>
+
+#include "blkfence/assert.h"
+#include "blkfence/codec/prin.h"
+#include "blkfence/codec/prout.h"
+#include "blkfence/fence/resource.h"
+#include "blkfence/pr/client.h"
+
+#include "resource_reads.h"
+
+namespace blkfence::fence {
+
+void Resource::promote(Time now, Done done) {
+  if (options_.mode == Mode::kShared && !options_.primary) {
+    done(fail(ErrorCode::kInvalidArgument,
+              "resource " + options_.name + " is in shared mode: promote needs mode \"primary\""),
+         now);
+    return;
+  }
+  if (refuse(Mode::kShared, now, done)) {
+    return;
+  }
+  if (primary_ && state_ == State::kHeld && gate_open_) {
+    done(*key_, now);  // the monitor keeps verifying it
+    return;
+  }
+  auto stored = epochs_.load(options_.name);
+  if (!stored) {
+    done(tl::unexpected(stored.error()), now);
+    return;
+  }
+  begin(Op::kPromote, std::move(done));
+  promoting_member_ = gate_open_;
+  high_water_ = std::max(high_water_, *stored);
+  new_paths_.clear();  // every path is registered with the new key
+  detail_ = "promoting: reading keys and reservations";
+  // S4: a PR OUT of ours that failed or timed out before is read back first.
+  after_monitor_prouts(now, [this](Time from) {
+    read_all(true, from, [this](const Reads& reads, Time at) {
+      if (!reads.ok()) {
+        end(fail(ErrorCode::kIndeterminate,
+                 "promote of " + options_.name +
+                     ": cannot read the LUs: " + reads.errors(options_.lus)),
+            at);
+        return;
+      }
+      promote_draw(reads, at);
+    });
+  });
+}
+
+// S3 as in acquire: the new epoch is above every key of this cluster seen and the stored
+// high-water mark, and durable before the key exists anywhere.
+void Resource::promote_draw(const Reads& reads, Time now) {
+  std::uint32_t epoch = high_water_;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    std::vector<std::uint64_t> seen = reads.lus[i].keys->keys;
+    if (const auto holder = reads.holder(i)) {
+      seen.push_back(*holder);
+    }
+    for (const std::uint64_t k : seen) {
+      if (Key::cluster_of(k) == options_.cluster_id) {
+        epoch = std::max(epoch, Key::epoch_of(k));
+      }
+    }
+  }
+  if (epoch == UINT32_MAX) {
+    end(fail(ErrorCode::kInvalidArgument,
+             "promote of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),
+        now);
+    return;
+  }
+  if (cancelled_) {
+    end(fail(ErrorCode::kCancelled, "promote of " + options_.name +
+                                        ": cancelled before it sent "
+                                        "anything"),
+        now);
+    return;
+  }
+  const Key key = key_for(epoch + 1);
+  if (auto stored = epochs_.store(options_.name, key.epoch()); !stored) {
+    end(tl::unexpected(stored.error()), now);
+    return;
+  }
+  high_water_ = key.epoch();
+  detail_ = "promoting: registering " + key.to_string();
+  // REGISTER AND IGNORE EXISTING KEY moves each of our nexuses from its member key to the new one
+  // in one command: the node stays registered, and so able to write, throughout.
+  std::vector<pr::Request> requests;
+  for (const auto& lu : options_.lus) {
+    for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
+                                              "REGISTER AND IGNORE EXISTING KEY")) {
+      requests.push_back(std::move(request));
+    }
+  }
+  run(std::move(requests), now, [this, key](const std::vector<pr::Response>& responses, Time at) {
+    if (const std::string error = first_error(responses); !error.empty()) {
+      promote_failed(key, "register: " + error, at);
+      return;
+    }
+    read_all(true, at, [this, key](const Reads& registered, Time read_at) {
+      if (!registered.ok()) {
+        promote_failed(key, "cannot read after registering: " + registered.errors(options_.lus),
+                       read_at);
+        return;
+      }
+      promote_take(key, registered, {}, 0, read_at);
+    });
+  });
+}
+
+// Where another key holds: PREEMPT it (that removes every registration of the old primary's key
+// on the LU and moves the reservation to ours); where nobody holds: RESERVE. The old primary's key
+// is also preempted where it is registered without holding. Members' keys are left alone.
+//
+// Every PREEMPT names its victim by key, and no key is ever used twice (S3): a PREEMPT that
+// executes late, after this promote failed or was cancelled, can only remove the primary it read,
+// never one that came after it.
+void Resource::promote_take(Key key, const Reads& reads, std::set<std::uint64_t> victims, int round,
+                            Time now) {
+  if (cancelled_) {
+    promote_failed(key, "cancelled before taking the LUs", now);
+    return;
+  }
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    if (holder && *holder != key.value()) {
+      if (outranks(*holder, key)) {
+        promote_failed(
+            key, options_.lus[i].name + " is held by " + Key::format(*holder) + ", a newer primary",
+            now);
+        return;
+      }
+      victims.insert(*holder);
+    }
+  }
+  std::vector<pr::Request> requests;
+  const char* preempt = options_.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT";
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    if (!holder) {
+      requests.push_back(pr::prout_first_path(
+          options_.lus[i], codec::prout_reserve(key.value(), options_.type), "RESERVE"));
+    } else if (*holder != key.value()) {
+      requests.push_back(
+          pr::prout_first_path(options_.lus[i], take_command(key, *holder), preempt));
+    }
+    for (const std::uint64_t other : reads.others(i, key.value())) {
+      if (victims.contains(other) && other != holder) {
+        requests.push_back(
+            pr::prout_first_path(options_.lus[i], take_command(key, other), preempt));
+      }
+    }
+  }
+  if (requests.empty()) {
+    promote_verify(key, std::move(victims), round, now);
+    return;
+  }
+  // A failed or timed-out take is read back by the verify before anything is decided (S4).
+  run(std::move(requests), now,
+      [this, key, victims = std::move(victims), round](const std::vector<pr::Response>&,
+                                                       Time at) mutable {
+        promote_verify(key, std::move(victims), round, at);
+      });
+}
+
+// The gate stays as it was throughout (a member's nexuses never stop being registered); the token
+// becomes the new key only when every LU shows it as the holder, registered, and no key of the
+// old primary left.
+void Resource::promote_verify(Key key, std::set<std::uint64_t> victims, int round, Time now) {
+  read_all(true, now,
+           [this, key, victims = std::move(victims), round](const Reads& reads, Time at) mutable {
+             std::string problem;
+             for (std::size_t i = 0; i < reads.lus.size() && problem.empty(); ++i) {
+               const auto holder = reads.holder(i);
+               if (!reads.lus[i].error.empty()) {
+                 problem = reads.lus[i].error;
+               } else if (holder != key.value()) {
+                 problem = holder ? "held by " + Key::format(*holder) : "no reservation";
+               } else if (!reads.registered(i, key.value())) {
+                 problem = "our key is not registered";
+               } else {
+                 for (const std::uint64_t other : reads.others(i, key.value())) {
+                   if (victims.contains(other)) {
+                     problem =
+                         "the old primary's key " + Key::format(other) + " is still registered";
+                   }
+                 }
+               }
+               if (!problem.empty()) {
+                 problem = options_.lus[i].name + ": " + problem;
+               }
+             }
+             if (problem.empty()) {
+               key_ = key;
+               primary_ = true;
+               fenced_by_.reset();
+               set_state(State::kHeld, "primary with " + key.to_string() + ": holds every LU");
+               last_success_ = reads.started;
+               set_gate(true, reads.started);
+               emit(EventKind::kAcquired, detail_,
+                    victims.empty() ? std::nullopt : std::optional(*victims.begin()));
+               end(key, at);
+               return;
+             }
+             if (!reads.ok() || round + 1 >= options_.verify_rounds_max) {
+               promote_failed(key, "verify: " + problem, at);
+               return;
+             }
+             promote_take(key, reads, std::move(victims), round + 1, at);
+           });
+}
+
+// What a failed promote leaves is read, not assumed (S4). A node whose new key is registered on
+// every LU stays a member (its gate as it was: a replica keeps writing); one whose key is gone
+// from a LU was fenced meanwhile.
+void Resource::promote_failed(Key key, std::string why, Time now) {
+  ++counters_.acquire_failures;
+  read_all(true, now, [this, key, why = std::move(why)](const Reads& reads, Time at) {
+    const ErrorCode code = cancelled_ ? ErrorCode::kCancelled
+                           : why.find("newer primary") != std::string::npos
+                               ? ErrorCode::kLost
+                               : ErrorCode::kIndeterminate;
+    primary_ = false;
+    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+      if (reads.lus[i].keys && !reads.registered(i, key.value())) {
+        // Our key was never registered there, or a newer primary preempted it: either way this
+        // node may not write there; the fence is declared (S5: nothing registers it again).
+        key_ = key;
+        fenced(reads.holder(i), options_.lus[i].name,
+               "promote failed and our key is not registered", at);
+        end(fail(code, "promote of " + options_.name + ": " + why + "; " + detail_), at);
+        return;
+      }
+    }
+    key_ = key;
+    std::string left;
+    if (!reads.ok()) {
+      left =
+          "what it left is unknown (" + reads.errors(options_.lus) + "); the monitor reads again";
+      set_state(gate_open_ ? State::kUnfenced : State::kReleased, "promote failed: " + left);
+    } else {
+      left = (promoting_member_ ? "still a member with " : "registered with ") + key.to_string();
+      for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+        if (reads.holder(i) == key.value()) {
+          left += "; holds " + options_.lus[i].name;
+        }
+      }
+      if (promoting_member_) {
+        // A read issued after every PR OUT of ours shows our key on every LU: the member gate
+        // (re)opens on it, even if the lease ran out while the promote ran (S2).
+        set_state(State::kUnfenced, "promote failed: " + left);
+        last_success_ = reads.started;
+        set_gate(true, reads.started);
+      } else {
+        left += "; gate closed: unfence to rejoin as a member";
+        set_state(State::kReleased, "promote failed: " + left);
+      }
+    }
+    end(fail(code, "promote of " + options_.name + ": " + why + "; " + left), at);
+  });
+}
+
+}  // namespace blkfence::fence
