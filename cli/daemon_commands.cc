@@ -214,6 +214,9 @@ int operation_command(const std::string& op, const DaemonOptions& options) {
   if (op == "acquire") {
     std::printf("%s: acquired, token %s, epoch %s\n", options.resource.c_str(), key.c_str(),
                 reply->body["epoch"].dump().c_str());
+  } else if (op == "promote") {
+    std::printf("%s: primary, token %s, epoch %s\n", options.resource.c_str(), key.c_str(),
+                reply->body["epoch"].dump().c_str());
   } else if (op == "unfence") {
     std::printf("%s: unfenced, key %s\n", options.resource.c_str(), key.c_str());
   } else if (op == "fence") {

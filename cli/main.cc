@@ -308,8 +308,8 @@ int run(int argc, char** argv) {
       [&] { return status_command(daemon_options); });
   on_parse(daemon_command("acquire",
                           "Take the resource for this node (exclusive mode): preempt the holder "
-                          "with a higher epoch, verify every LU, open the gate. Patroni's "
-                          "pre_promote runs this",
+                          "with a higher epoch, verify every LU, open the gate. With --timeout, "
+                          "or when this command is killed, the daemon sends no further PREEMPT",
                           true),
            [&] { return operation_command("acquire", daemon_options); });
   on_parse(daemon_command("release",
@@ -319,9 +319,18 @@ int run(int argc, char** argv) {
                           true),
            [&] { return operation_command("release", daemon_options); });
   on_parse(daemon_command("unfence",
-                          "Shared mode: register this node on every LU (and reserve if nobody has)",
+                          "Shared mode: register this node on every LU (and reserve if nobody "
+                          "has). Primary mode: join as a member (register, never reserve)",
                           true),
            [&] { return operation_command("unfence", daemon_options); });
+  on_parse(daemon_command("promote",
+                          "Primary mode: make this node the primary. Draw a higher epoch, preempt "
+                          "the old primary's key on every LU (the other members stay registered), "
+                          "verify, and exit 0 only then. Patroni's pre_promote runs this, with "
+                          "--timeout: when the timeout passes or this command is killed, the "
+                          "daemon sends no further PREEMPT",
+                          true),
+           [&] { return operation_command("promote", daemon_options); });
   CLI::App* fence = daemon_command(
       "fence", "Shared mode: remove another node's key from every LU (preempt)", true);
   fence->add_option("-n,--node", fence_node, "The node id to fence (1-65535)")->required();

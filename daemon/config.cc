@@ -80,9 +80,10 @@ constexpr std::array<Choice<codec::PrType>, 6> kPrTypes{{
     {"exclusive-access-all-registrants", codec::PrType::kExclusiveAccessAllRegistrants},
 }};
 
-constexpr std::array<Choice<Mode>, 2> kModes{{
+constexpr std::array<Choice<Mode>, 3> kModes{{
     {"exclusive", Mode::kExclusive},
     {"shared", Mode::kShared},
+    {"primary", Mode::kPrimary},
 }};
 // preempt: whether a takeover uses PREEMPT AND ABORT.
 constexpr std::array<Choice<bool>, 2> kPreempts{{
@@ -651,11 +652,12 @@ Check<ResourceConfig> read_resource(std::string_view source, const toml::table& 
   if (*type != nullptr) {
     // SPC-4 5.13.10: under an all-registrants type READ RESERVATION reports key 0 as the holder,
     // so "our key holds" (docs/protocol.md, S2) could never be verified.
-    if (resource.mode == Mode::kExclusive && codec::is_all_registrants(resource.type)) {
+    if (resource.mode != Mode::kShared && codec::is_all_registrants(resource.type)) {
       return Problem(reader.at(*reader.find("type"), "type",
-                               "an all-registrants type cannot be used with mode = "
-                               "\"exclusive\": every registrant holds it, so no single holder "
-                               "can be verified; use \"write-exclusive-registrants-only\""));
+                               "an all-registrants type cannot be used with mode = \"" +
+                                   std::string(to_string(resource.mode)) +
+                                   "\": every registrant holds it, so no single holder "
+                                   "can be verified; use \"write-exclusive-registrants-only\""));
     }
   }
 
@@ -907,6 +909,7 @@ std::string_view to_string(Mode mode) {
   switch (mode) {
     case Mode::kExclusive: return "exclusive";
     case Mode::kShared: return "shared";
+    case Mode::kPrimary: return "primary";
   }
   return "unknown";
 }

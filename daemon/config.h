@@ -25,7 +25,8 @@ inline constexpr std::string_view kDefaultConfigPath = "/etc/blkfence/blkfence.t
 // load_config() refuses larger files: a configuration is a few KiB, anything bigger is a mistake.
 inline constexpr std::size_t kMaxConfigSize = 1024 * 1024;
 
-enum class Mode : std::uint8_t { kExclusive, kShared };
+// primary: shared, where the members never reserve and the primary holds (docs/protocol.md).
+enum class Mode : std::uint8_t { kExclusive, kShared, kPrimary };
 enum class OnFencedAction : std::uint8_t { kNone, kStopUnits, kKillUnits, kCommand, kReboot };
 
 struct OnFenced {

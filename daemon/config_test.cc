@@ -204,7 +204,8 @@ TEST(Config, WrongTypesNameKeyPositionAndValue) {
             "blkfence.toml:6:16: resource \"pgdata\": allow_reboot: expected true or false, got "
             "\"yes\"");
   EXPECT_EQ(error_of(with_resource("mode = {}\n")),
-            "blkfence.toml:6:8: resource \"pgdata\": mode: expected \"exclusive\" or \"shared\", "
+            "blkfence.toml:6:8: resource \"pgdata\": mode: expected \"exclusive\", \"shared\" or "
+            "\"primary\", "
             "got a table");
 }
 
@@ -389,7 +390,8 @@ TEST(Config, ModeTypePreempt) {
     EXPECT_EQ(pr_type_name(type), name);
   }
   EXPECT_EQ(error_of(with_resource("mode = \"single\"\n")),
-            "blkfence.toml:6:8: resource \"pgdata\": mode: expected \"exclusive\" or \"shared\", "
+            "blkfence.toml:6:8: resource \"pgdata\": mode: expected \"exclusive\", \"shared\" or "
+            "\"primary\", "
             "got \"single\"");
   EXPECT_TRUE(error_of(with_resource("type = 5\n"))
                   .starts_with("blkfence.toml:6:8: resource \"pgdata\": type: expected "

@@ -43,6 +43,7 @@ ReplyError reply_error_for(const Error& error) {
     case ErrorCode::kLost:
     case ErrorCode::kReservationConflict: return ReplyError::kConflict;
     case ErrorCode::kIndeterminate: return ReplyError::kIndeterminate;
+    case ErrorCode::kCancelled: return ReplyError::kTimeout;
     case ErrorCode::kInvalidArgument: return ReplyError::kBadRequest;
     default: return ReplyError::kDevice;
   }
@@ -128,6 +129,7 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
         .mode = fence_mode(resource.mode),
         .type = resource.type,
         .preempt_abort = resource.preempt_abort,
+        .primary = resource.mode == Mode::kPrimary,
         .cluster_id = fence::cluster_id_from_name(c.cluster),
         .node_id = c.node_id,
         .check_interval = resource.check_interval,
@@ -462,7 +464,7 @@ void Daemon::on_event(const fence::Resource& resource, const fence::Event& event
 ResourceStatus Daemon::status_of(const fence::Resource& resource) const {
   ResourceStatus status;
   status.name = resource.name();
-  status.mode = std::string(fence::to_string(resource.options().mode));
+  status.mode = std::string(fence::mode_name(resource.options()));
   status.state = std::string(fence::to_string(resource.state()));
   status.gate_open = resource.gate_open();
   if (const auto key = resource.key()) {
@@ -588,8 +590,31 @@ void Daemon::on_line(ClientId client, const Peer& peer, std::string_view line, b
   handle(client, peer, *request);
 }
 
+// A control request waiting for an operation: answered once, by the operation or its timeout.
+struct Daemon::Pending {
+  Daemon* daemon = nullptr;
+  ClientId client = 0;
+  std::uint64_t id = 0;
+  std::string resource;
+  bool answered = false;
+  sd_event_source* timer = nullptr;
+  ~Pending() { sd_event_source_disable_unref(timer); }
+};
+
 void Daemon::on_disconnect(ClientId client) {
   watchers_.erase(client);
+  // An acquire or promote whose caller went away stops before its next PR OUT that could take a
+  // LU: a pre_promote that Patroni killed must never preempt the primary that came after it.
+  for (const auto& [name, weak] : cancellable_) {
+    if (const auto pending = weak.lock();
+        pending && pending->client == client && !pending->answered) {
+      pending->answered = true;
+      log(Priority::kWarning, "the caller of the running operation went away: cancelled", {});
+      if (fence::Resource* resource = find(name)) {
+        resource->cancel();
+      }
+    }
+  }
 }
 
 void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
@@ -663,21 +688,11 @@ void Daemon::handle_resource(ClientId client, const Request& request, fence::Res
     case Op::kAcquire:
     case Op::kRelease:
     case Op::kUnfence:
+    case Op::kPromote:
     case Op::kFence: run_operation(client, request, resource); return;
     default: BLKFENCE_ASSERT(false);
   }
 }
-
-// A control request waiting for an operation: answered once, by the operation or its timeout.
-struct Daemon::Pending {
-  Daemon* daemon = nullptr;
-  ClientId client = 0;
-  std::uint64_t id = 0;
-  std::string resource;
-  bool answered = false;
-  sd_event_source* timer = nullptr;
-  ~Pending() { sd_event_source_disable_unref(timer); }
-};
 
 void Daemon::run_operation(ClientId client, const Request& request, fence::Resource& resource) {
   auto pending = std::make_shared<Pending>();
@@ -699,10 +714,20 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
           Pending& waiting = **p;
           if (!waiting.answered) {
             waiting.answered = true;
+            fence::Resource* running = waiting.daemon->find(waiting.resource);
+            const bool cancellable = waiting.daemon->cancellable_.contains(waiting.resource) &&
+                                     waiting.daemon->cancellable_[waiting.resource].lock() == *p;
+            if (cancellable && running != nullptr) {
+              running->cancel();
+            }
             waiting.daemon->reply_error(
                 waiting.client, waiting.id, ReplyError::kTimeout,
-                "timed out; the operation goes on in the daemon: see 'blkfencectl status " +
-                    waiting.resource + "'");
+                cancellable ? "timed out; the operation was cancelled before its next PR OUT "
+                              "that could take a LU: see 'blkfencectl status " +
+                                  waiting.resource + "'"
+                            : "timed out; the operation goes on in the daemon: see "
+                              "'blkfencectl status " +
+                                  waiting.resource + "'");
           }
           return 0;
         },
@@ -738,12 +763,22 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
                    {"status", to_json(status_of(*r))}}));
   };
   const pr::Time t = now();
+  const bool cancellable = request.op == Op::kAcquire || request.op == Op::kPromote;
+  std::weak_ptr<Pending> previous;
+  if (cancellable) {
+    previous = std::exchange(cancellable_[resource.name()], pending);
+  }
   switch (request.op) {
     case Op::kAcquire: resource.acquire(t, done); break;
     case Op::kRelease: resource.release(t, done); break;
     case Op::kUnfence: resource.unfence(t, done); break;
+    case Op::kPromote: resource.promote(t, done); break;
     case Op::kFence: resource.fence_node(*request.node, t, done); break;
     default: BLKFENCE_ASSERT(false);
+  }
+  if (cancellable && pending->answered) {
+    cancellable_[resource.name()] =
+        previous;  // refused (busy) or done at once: not the running one
   }
 }
 

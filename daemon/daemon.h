@@ -111,6 +111,9 @@ class Daemon final : public fence::Observer, public ControlHandler {
   std::vector<std::unique_ptr<fence::Resource>> resources_;
   std::unique_ptr<ControlServer> control_;
   std::map<ClientId, std::string> watchers_;  // client -> resource ("" for all)
+  // The running acquire or promote of each resource, and whose: cancelled when its caller
+  // disconnects or its --timeout passes (docs/control-protocol.md).
+  std::map<std::string, std::weak_ptr<Pending>> cancellable_;
   bool ready_sent_ = false;
   std::uint64_t watchdog_usec_ = 0;
   pr::Time last_watchdog_{0};

@@ -19,8 +19,9 @@ using nlohmann::json;
 
 constexpr std::size_t kMaxQuoted = 48;  // how much of a bad value a message repeats
 
-constexpr std::array<std::string_view, 9> kOpNames{
-    "status", "acquire", "release", "fence", "unfence", "keys", "watch", "gate", "metrics"};
+constexpr std::array<std::string_view, 10> kOpNames{"status",  "acquire", "release", "fence",
+                                                    "unfence", "keys",    "watch",   "gate",
+                                                    "metrics", "promote"};
 constexpr std::array<std::string_view, 11> kErrorNames{
     "bad-request", "unsupported-version", "too-large", "unknown-resource", "permission-denied",
     "conflict",    "indeterminate",       "device",    "timeout",          "busy",
@@ -270,7 +271,8 @@ std::string ops_list() {
 }  // namespace
 
 bool changes_state(Op op) {
-  return op == Op::kAcquire || op == Op::kRelease || op == Op::kFence || op == Op::kUnfence;
+  return op == Op::kAcquire || op == Op::kRelease || op == Op::kFence || op == Op::kUnfence ||
+         op == Op::kPromote;
 }
 
 bool needs_resource(Op op) {

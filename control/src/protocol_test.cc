@@ -176,12 +176,12 @@ TEST(ControlProtocol, OpMustBeKnown) {
   EXPECT_EQ(unknown.id, 12U);
   EXPECT_EQ(unknown.message,
             "op: expected one of status, acquire, release, fence, unfence, keys, watch, gate, "
-            "metrics, got \"frobnicate\"");
+            "metrics, promote, got \"frobnicate\"");
   EXPECT_EQ(error_of(R"({"v":1,"id":12,"op":"STATUS"})").code, ReplyError::kBadRequest);
   EXPECT_EQ(error_of(R"({"v":1,"id":12,"op":3})").message.substr(0, 20), "op: expected one of ");
   EXPECT_EQ(error_of(R"({"v":1,"id":12})").message,
             "op: missing (one of status, acquire, release, fence, unfence, keys, watch, gate, "
-            "metrics)");
+            "metrics, promote)");
 }
 
 TEST(ControlProtocol, ResourceRules) {

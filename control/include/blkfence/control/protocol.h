@@ -45,7 +45,8 @@ enum class Op : std::uint8_t {
   kKeys,
   kWatch,
   kGate,
-  kMetrics
+  kMetrics,
+  kPromote
 };
 
 struct Request {
