@@ -15,13 +15,19 @@
 #            lock, its pre_promote cannot fence and fails, and B must stay in recovery on its
 #            timeline; once the path is back, B promotes by itself.
 # Both: the replica promotes; every id the client recorded is on the final primary.
-#   usage: failover.sh fence|control
+# With "rejoin" (fence only), the old primary then comes back as a replica by the documented
+# procedure (integrations/patroni/README.md) and B's writes reach it. Under TCG that costs about
+# three minutes more (crash recovery, pg_rewind), so lab.patroni leaves it out; run it with
+#   tests/lab/run --fabric tcm_loop --nodes 2 --luns 2 --lun-size-mb 256 --deadline 900 \
+#     --env BLKFENCECTL=... --env BLKFENCED=... -- tests/lab/guest/suite patroni/failover:fence:rejoin
+#   usage: failover.sh fence|control [rejoin]
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
 . "$BLKFENCE_LAB_REPO/tests/lab/daemon/lib.sh"
 . "$BLKFENCE_LAB_REPO/tests/lab/patroni/lib.sh"
-mode=${1:?usage: failover.sh fence|control}
+mode=${1:?usage: failover.sh fence|control [rejoin]} rejoin=${2:-}
 [[ $mode == fence || $mode == control ]] || { echo "failover.sh: unknown mode '$mode'"; exit 2; }
+[[ -z $rejoin || ($rejoin == rejoin && $mode == fence) ]] || { echo "failover.sh: 'rejoin' goes with fence only"; exit 2; }
 PGL_RUN=$mode
 trap 'pgl_teardown; bf_save_logs' EXIT
 
@@ -204,7 +210,7 @@ fi
 lab_expect_read "the marker row is not on B" 0 pgl_psql B "SELECT count(*) FROM t WHERE note = '$marker'"
 
 # --- rejoin: the old primary comes back as a replica (integrations/patroni/README.md) -------------
-if [[ $mode == fence ]]; then
+if [[ $rejoin == rejoin ]]; then
   t0=$EPOCHREALTIME
   # What stopping the service does to a frozen node: Patroni and PostgreSQL killed.
   kill -KILL "$patroni_a" 2>/dev/null
