@@ -192,7 +192,7 @@ void Resource::promote_verify(Key key, std::set<std::uint64_t> victims, int roun
                  }
                }
                if (!problem.empty()) {
-                 problem = options_.lus[i].name + ": " + problem;
+                 problem.insert(0, options_.lus[i].name + ": ");
                }
              }
              if (problem.empty()) {

@@ -291,27 +291,27 @@ class Resource {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
   State state_ = State::kUnknown;
+  Op op_ = Op::kNone;
   bool probe_done_ = false;
   bool gate_open_ = false;
+  bool cancelled_ = false;  // cancel(): the running operation sends no further taking PR OUT
+  bool primary_ = false;    // primary mode: our key is the verified holder (promote, or adopted)
+  bool promoting_member_ = false;  // a promote started with the member gate open
+  bool check_in_flight_ = false;
+  bool keys_next_ = true;  // the next check reads keys too
   std::optional<Key> key_;
   std::uint32_t high_water_ = 0;
   std::optional<std::uint64_t> fenced_by_;
   std::string detail_;
   std::vector<LuView> views_;
 
-  Op op_ = Op::kNone;
   Done done_;
-  bool cancelled_ = false;  // cancel(): the running operation sends no further taking PR OUT
-  bool primary_ = false;    // primary mode: our key is the verified holder (promote, or adopted)
-  bool promoting_member_ = false;  // a promote started with the member gate open
-  std::uint64_t generation_ = 0;   // bumped when an operation starts: stale check answers drop
+  std::uint64_t generation_ = 0;  // bumped when an operation starts: stale check answers drop
 
-  bool check_in_flight_ = false;
   std::optional<Time> next_check_;
   std::optional<Time> last_success_;
   std::optional<Time> last_read_ok_;
   int round_ = 0;
-  bool keys_next_ = true;        // the next check reads keys too
   std::vector<bool> uncertain_;  // per LU: a take of the running acquire timed out there
   // A failed acquire's key left registered beside a winner, taken back by the monitor after
   // `after`.
