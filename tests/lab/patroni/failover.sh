@@ -32,38 +32,16 @@ PGL_RUN=$mode
 trap 'pgl_teardown; bf_save_logs' EXIT
 
 declare -A node_id=([A]=1 [B]=2)
-cluster_prefix=1ab0
-# Until blkfencectl has `promote` (the daemon's mode "primary"), a stand-in sends the same
-# commands with sg_persist; Patroni then needs CAP_SYS_RAWIO and access to the sg nodes.
-# shellcheck disable=SC2034 # PGL_CAPS and PGL_HOOK_ENV_* are read by lib.sh's pgl_patroni_start
-PGL_CAPS=()
-if "$BLKFENCECTL" --help 2>&1 | grep -q '^ *promote'; then
-  fencer=daemon
-else
-  fencer=standin
-  PGL_CAPS=(--inh-caps=+sys_rawio,+dac_override --ambient-caps=+sys_rawio,+dac_override)
-fi
-# shellcheck disable=SC2034
+cluster_prefix=""  # the first 16 bits of every key: the hash of the daemons' cluster name
+# shellcheck disable=SC2034 # PGL_HOOK_ENV_* are read by lib.sh's pgl_patroni_start
 PGL_HOOK_ENV_A=() PGL_HOOK_ENV_B=()
 for node in A B; do
-  devices=$(lab_dev "$node" 0 sg) && devices+=" $(lab_dev "$node" 1 sg)" || { lab_not_ok "no sg devices of $node in the map"; lab_done; exit; }
   declare -n hook_env=PGL_HOOK_ENV_$node
-  if [[ $fencer == standin ]]; then
-    hook_env=(BLKFENCECTL="$BLKFENCE_LAB_REPO/tests/lab/patroni/blkfencectl-standin" BLKFENCECTL_REAL="$BLKFENCECTL"
-      BF_STANDIN_DEVICES="$devices" BF_STANDIN_PREFIX="${cluster_prefix}000${node_id[$node]}"
-      BLKFENCE_LAB_REPO="$BLKFENCE_LAB_REPO" BLKFENCE_LAB_OUT="$BLKFENCE_LAB_OUT" BLKFENCE_LAB_MAP="$BLKFENCE_LAB_MAP")
-  else
-    hook_env=(BLKFENCECTL="$BLKFENCECTL" BLKFENCE_SOCKET="$BF/$node/run/control.sock")
-  fi
+  hook_env=(BLKFENCECTL="$BLKFENCECTL" BLKFENCE_SOCKET="$BF/$node/run/control.sock")
   unset -n hook_env
 done
-# member NODE ARGS...: blkfencectl as NODE's hook runs it (NODE's daemon, or the stand-in).
-member() {
-  local node=$1
-  shift
-  local -n hook_env=PGL_HOOK_ENV_$node
-  env "${hook_env[@]}" "${hook_env[0]#BLKFENCECTL=}" "$@"
-}
+# member NODE ARGS...: blkfencectl against NODE's daemon, as NODE's hook runs it.
+member() { bf_ctl "$@"; }
 # holder_node: the node id (middle 16 bits) of the one key holding both LUs, read through B.
 holder_node() {
   local holders
@@ -72,7 +50,7 @@ holder_node() {
     { echo "holder_node: not one key of this cluster on both LUs: '$holders'" >&2; return 1; }
   echo $((16#${BASH_REMATCH[1]}))
 }
-lab_log "mode $mode, fence by $fencer"
+lab_log "mode $mode"
 
 # --- the cluster ---------------------------------------------------------------------------------
 pgl_teardown
@@ -81,21 +59,17 @@ lab_expect "the LUs are cleared" bf_clear 0 1
 t0=$EPOCHREALTIME
 lab_expect "ext4 on A's LU 0 (A's nexus) and B's LU 1 (B's nexus)" eval 'pgl_fs A && pgl_fs B'
 lab_log "file systems: $(pgl_ms_since "$t0") ms"
-if [[ $fencer == daemon ]]; then
-  for node in A B; do
-    pgl_bf_config "$node" "${node_id[$node]}"
-    lab_expect "$node's blkfenced starts" bf_start "$node"
-  done
-fi
+for node in A B; do
+  pgl_bf_config "$node" "${node_id[$node]}"
+  lab_expect "$node's blkfenced starts" bf_start "$node"
+done
 for node in A B; do
   lab_expect "$node registers its member key on both LUs" member "$node" unfence pg
 done
-if [[ $fencer == daemon ]]; then
-  # The daemon's keys carry the hash of its cluster name: learn it from A's member key.
-  lab_capture keys bf_keys_everywhere 0 1
-  [[ $keys =~ ^0x([0-9a-f]{4})0001 ]] && cluster_prefix=${BASH_REMATCH[1]}
-  lab_log "member keys: $keys"
-fi
+lab_capture keys bf_keys_everywhere 0 1
+[[ $keys =~ ^0x([0-9a-f]{4})0001[0-9a-f]{8}\ 0x([0-9a-f]{4})0002[0-9a-f]{8}\ $ ]] &&
+  [[ ${BASH_REMATCH[1]} == "${BASH_REMATCH[2]}" ]] && cluster_prefix=${BASH_REMATCH[1]}
+lab_expect "A's and B's member keys, one each, on both LUs ($keys)" test -n "$cluster_prefix"
 t0=$EPOCHREALTIME
 lab_expect "etcd answers" pgl_etcd_start
 lab_log "etcd up: $(pgl_ms_since "$t0") ms"

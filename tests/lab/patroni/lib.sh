@@ -81,9 +81,9 @@ pgl_config() {
   fi
 }
 
-# pgl_bf_config NODE NODE_ID: NODE's blkfenced configuration (daemon/lib.sh's layout under $BF):
-# resource "pg", mode "primary", over both LUs (every member's PGDATA) through NODE's own nexuses;
-# Patroni's hooks run as postgres, hence control_group.
+# pgl_bf_config NODE NODE_ID: NODE's blkfenced configuration, in tests/lab/daemon/lib.sh's layout
+# under $BF: resource "pg", mode "primary", over both LUs (every member's PGDATA) through NODE's
+# own nexuses; Patroni's hooks run as postgres, hence control_group.
 pgl_bf_config() {
   local node=$1 id=$2 dir=$BF/$1
   mkdir -p "$dir/state" "$dir/run"
@@ -107,15 +107,14 @@ TOML
 }
 
 # pgl_patroni_start NODE: NODE's Patroni as postgres (setpriv execs, so the pid is Patroni's),
-# with the environment its hooks need to reach NODE's blkfence (PGL_HOOK_ENV, an array of
-# NAME=VALUE set by the check for each node: PGL_HOOK_ENV_A, PGL_HOOK_ENV_B).
+# with the environment its hooks need to reach NODE's blkfenced (PGL_HOOK_ENV_NODE, an array of
+# NAME=VALUE that the check sets for each node).
 pgl_patroni_start() {
   local node=$1 x
   x=$(pgl_lower "$node")
   local -n hook_env=PGL_HOOK_ENV_$node
-  local -n caps=PGL_CAPS
   env "${hook_env[@]}" HOME="$PGL" \
-    setpriv --reuid=postgres --regid=postgres --init-groups "${caps[@]}" -- \
+    setpriv --reuid=postgres --regid=postgres --init-groups -- \
     /usr/bin/patroni "$PGL/$x.yml" >>"$PGL/patroni-$x.log" 2>&1 </dev/null &
   echo $! >"$PGL/patroni-$x.pid"
   disown  # teardown kills it: no job notice
