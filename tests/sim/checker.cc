@@ -36,6 +36,23 @@ bool shared(const Run& run) {
   return run.mode == fence::Mode::kShared;
 }
 
+// Primary mode (shared mode with ResourceOptions::primary): shared(run) holds too.
+bool primary(const Run& run) {
+  return run.primary;
+}
+
+// What an open gate vouches for: exclusive, the sole holder; shared, a member registered under a
+// reservation; primary mode, a member registered (the members never reserve), or the primary (a
+// gate opened in state held), the holder and registered.
+enum class Gauge : std::uint8_t { kSole, kMember, kPrimary };
+
+Gauge gauge_of(const Run& run, bool holds) {
+  if (!shared(run)) {
+    return Gauge::kSole;
+  }
+  return primary(run) && holds ? Gauge::kPrimary : Gauge::kMember;
+}
+
 std::uint16_t node_of(const Run& run, transport::NexusId nexus) {
   const auto it = run.node_of_nexus.find(nexus);
   return it == run.node_of_nexus.end() ? 0 : it->second;
@@ -214,11 +231,18 @@ struct Round {
   // The first read that shows `key` is not the holder, or not registered, on its LU. In shared
   // mode only the registration counts: another member's reservation, or none, is no loss.
   const Command* reveals_loss(std::uint64_t key, bool shared_mode) const {
+    return reveals_loss(key, shared_mode, {key});
+  }
+  // The same, where any of `keys` registered is as good as `key` (primary mode: a member's gate
+  // stays open while its promote moves its nexuses to a new key).
+  const Command* reveals_loss(std::uint64_t key, bool shared_mode,
+                              const std::set<std::uint64_t>& keys) const {
     for (const Command* read : reads) {
       const auto view = answer::view_of(*read);
       if (view && ((!shared_mode && view->shows_reservation && view->holder != key) ||
                    (view->shows_keys &&
-                    std::find(view->keys.begin(), view->keys.end(), key) == view->keys.end()))) {
+                    std::none_of(view->keys.begin(), view->keys.end(),
+                                 [&keys](std::uint64_t k) { return keys.contains(k); })))) {
         return read;
       }
     }
@@ -298,6 +322,25 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // until another member's monitor reserves it again, and without a reservation every nexus may
 // write (SPC-4 5.13.1), the window docs/protocol.md ("Release") accepts in shared mode as
 // fence_scsi does.
+//
+// Primary mode (shared mode with primary): as in shared mode, the token rule alone names a fence
+// (the keys now have epochs, but a promote whose new key was preempted while it ran fails and stays
+// a member, whose writes then land legitimately): P removed K_V after K_V had opened V's gate since
+// V's last unfence() or promote() call before P.at; typically a promote's PREEMPT of the old
+// primary's key. The same excuses hold: an unfence() or promote() of V in [P.at, W.at), the
+// late new-path registration, and an unreserved L (the LUs are unreserved until the first promote,
+// and again after the primary's release). The new-path window's "V knows" reads K_V's loss as
+// the primary's monitor does (another holder, or K_V not registered) when K_V opened a gate as
+// the primary's, and as a member's (K_V not registered) otherwise.
+
+// Primary mode: whether the key opened a gate as the primary's (which the monitor fences when it
+// is no longer the holder, as in exclusive mode), not as a member's.
+bool opened_as_primary(const Run& run, std::uint64_t key) {
+  return std::any_of(run.trace.begin(), run.trace.end(), [key](const Entry& entry) {
+    return entry.kind == EntryKind::kGate && entry.open && entry.holds && entry.key == key;
+  });
+}
+
 bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::uint64_t key,
                                const WriteRecord& write, const WriteIssue& issue) {
   const auto registered = std::find_if(
@@ -316,7 +359,7 @@ bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::ui
   Time knows = run.end;
   for (const Round& round : rounds_of(run, issue.node)) {
     if (round.reads.front()->submitted >= fence.at && round.ended() &&
-        round.reveals_loss(key, shared(run)) != nullptr) {
+        round.reveals_loss(key, shared(run) && !opened_as_primary(run, key)) != nullptr) {
       knows = std::min(knows, round.last().completed_at);
     }
   }
@@ -372,7 +415,11 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
     const bool token = shared(run)
                            ? opened_since_unfence(run, victim, removal.key, removal.record->at)
                            : gate != opened.end() && gate->second <= removal.record->at;
-    if (by != victim && (epoch_of_key(removal.record->key) > epoch_of_key(removal.key) || token)) {
+    // Shared and primary mode: the token rule only (a promote whose key was preempted while it ran
+    // may stay a member, and its node's writes then land legitimately).
+    const bool outranked =
+        !shared(run) && epoch_of_key(removal.record->key) > epoch_of_key(removal.key);
+    if (by != victim && (outranked || token)) {
       fences[{removal.record->lu, victim}].push_back(&removal);
     }
   }
@@ -439,10 +486,22 @@ bool registered_and_reserved(const LuState& state, std::uint64_t key) {
                      [key](const transport::SimRegistration& r) { return r.key == key; });
 }
 
+bool registered(const LuState& state, std::uint64_t key) {
+  return std::any_of(state.registrations.begin(), state.registrations.end(),
+                     [key](const transport::SimRegistration& r) { return r.key == key; });
+}
+
 // What a gate's key must be on every LU while the gate is open: the sole holder, or in shared mode
-// registered under a reservation.
-bool gate_justified(const Run& run, const LuState& state, std::uint64_t key) {
-  return shared(run) ? registered_and_reserved(state, key) : sole_holder(state, key);
+// registered under a reservation; in primary mode a member's registered, the primary's the holder
+// and registered.
+bool gate_justified(const Run& run, const LuState& state, std::uint64_t key, bool holds) {
+  switch (gauge_of(run, holds)) {
+    case Gauge::kSole: return sole_holder(state, key);
+    case Gauge::kPrimary: return state.holder == key && registered(state, key);
+    case Gauge::kMember:
+      return primary(run) ? registered(state, key) : registered_and_reserved(state, key);
+  }
+  return false;
 }
 
 // S2 (the gate is open only while our key is the verified holder on every LU), in two parts.
@@ -461,17 +520,26 @@ bool gate_justified(const Run& run, const LuState& state, std::uint64_t key) {
 // holds it (gate_justified); other members' registrations are no difference to explain, and the
 // missing reservation is explained as the holder above is. Several gates may be open at once, at
 // the end too, where each open gate's key is registered on every LU and every LU is reserved.
+//
+// Primary mode: a gate opened as a member's (any state but held) needs K registered on every LU,
+// reserved or not (the members never reserve); one opened as the primary's (state held: a promote,
+// an adoption, a reopening after lost contact) needs K the holder and registered on every LU,
+// other members' registrations being no difference to explain. A member's gate stays open while
+// its promote moves its nexuses to the new key: when that promote succeeds, the primary's gate
+// begins then (node.cc records it: Resource::set_gate tells the observer nothing when the gate is
+// open already) and is judged as an opening; when it fails, the member's gate goes on with the
+// new key and is not a new opening. At the end at most one gate is open as the primary's.
 void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
   for (const Entry& entry : run.trace) {
-    if (entry.kind != EntryKind::kGate || !entry.open) {
-      continue;
+    if (entry.kind != EntryKind::kGate || !entry.open || (entry.rekeyed && !entry.holds)) {
+      continue;  // a member's key changed by its failed promote: the member's gate stays open
     }
     if (!entry.key) {
       violations.push_back({"S2", "a gate opened without a key", {describe(entry)}});
       continue;
     }
     for (std::size_t lu = 0; lu < entry.target.size(); ++lu) {
-      if (gate_justified(run, entry.target[lu], *entry.key)) {
+      if (gate_justified(run, entry.target[lu], *entry.key, entry.holds)) {
         continue;
       }
       std::vector<std::string> lines{describe(entry), "LU " + std::to_string(lu) + " then: " +
@@ -480,7 +548,9 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
       // PR OUT that executed GOOD on the LU in (v, t] and made it.
       const LuState& state = entry.target[lu];
       const std::uint64_t key = *entry.key;
-      bool holder_explained = shared(run) ? state.holder.has_value() : state.holder == key;
+      const Gauge gauge = gauge_of(run, entry.holds);
+      bool holder_explained =
+          gauge == Gauge::kMember ? state.holder.has_value() || primary(run) : state.holder == key;
       bool key_explained =
           std::any_of(state.registrations.begin(), state.registrations.end(),
                       [key](const transport::SimRegistration& r) { return r.key == key; });
@@ -523,38 +593,50 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
       }
       const bool excused = holder_explained && key_explained && intruders.empty();
       if (!excused) {
-        violations.push_back({"S2",
-                              "node " + std::to_string(entry.node) + " opened its gate with " +
-                                  format_key(*entry.key) + " while LU " + std::to_string(lu) +
-                                  (shared(run) ? " did not have it registered under a reservation"
-                                               : " did not have it as sole holder"),
-                              lines});
+        violations.push_back(
+            {"S2",
+             "node " + std::to_string(entry.node) + " opened its gate with " +
+                 format_key(*entry.key) + " while LU " + std::to_string(lu) +
+                 (gauge == Gauge::kMember    ? primary(run) ? " did not have it registered"
+                                                            : " did not have it registered under a "
+                                                              "reservation"
+                  : gauge == Gauge::kPrimary ? " did not have it as holder, registered"
+                                             : " did not have it as sole holder"),
+             lines});
       }
     }
   }
   std::vector<const NodeEnd*> open;
+  std::size_t primaries = 0;
   for (const NodeEnd& node : run.final_nodes) {
     if (node.gate_open) {
       open.push_back(&node);
+      primaries += node.state == "held" ? 1U : 0U;
     }
   }
-  if (open.size() > 1 && !shared(run)) {
+  if ((open.size() > 1 && !shared(run)) || (primary(run) && primaries > 1)) {
     std::vector<std::string> lines;
     lines.reserve(open.size());
     for (const NodeEnd* node : open) {
       lines.push_back("node " + std::to_string(node->node) + " gate open with " +
                       (node->key ? format_key(*node->key) : "no key") + " (" + node->state + ")");
     }
-    violations.push_back({"S2", "more than one gate is open at the end", lines});
+    violations.push_back({"S2",
+                          primary(run) ? "more than one gate is open as the primary at the end"
+                                       : "more than one gate is open at the end",
+                          lines});
   }
   for (const NodeEnd* node : open) {
     for (std::size_t lu = 0; lu < run.final_lus.size(); ++lu) {
-      if (!node->key || !gate_justified(run, run.final_lus[lu], *node->key)) {
+      if (!node->key ||
+          !gate_justified(run, run.final_lus[lu], *node->key, node->state == "held")) {
         violations.push_back(
             {"S2",
              "at the end node " + std::to_string(node->node) + "'s gate is open but its key is " +
-                 (shared(run) ? "not registered under a reservation on LU "
-                              : "not the sole holder of LU ") +
+                 (primary(run)  ? node->state == "held" ? "not the holder, registered, of LU "
+                                                        : "not registered on LU "
+                  : shared(run) ? "not registered under a reservation on LU "
+                                : "not the sole holder of LU ") +
                  std::to_string(lu),
              {"node " + std::to_string(node->node) + " key " +
                   (node->key ? format_key(*node->key) : "none") + " (" + node->state + ")",
@@ -588,6 +670,11 @@ void check_s2(const Run& run, const Replay& replayed, std::vector<Violation>& vi
 // answers (GOOD) showing K registered, not READ RESERVATION answers showing K as holder; and a
 // round reveals the loss only by a READ KEYS answer (GOOD) without K: a READ RESERVATION showing
 // another member as holder, or none, is no loss (the monitor reserves again).
+// Primary mode: a member's gate reads as in shared mode, except that any key its node registered
+// while the gate was open counts as its key (its promote moved its nexuses to a new key, and the
+// node stayed registered throughout; span_keys); the primary's gate reads as in exclusive mode
+// (READ RESERVATION showing K as holder; a round reveals a loss by another holder, none, or K not
+// registered), other members' registrations being none of its business.
 struct GateSpan {
   const Entry* open = nullptr;
   const Entry* close = nullptr;  // nullptr: still open at the end
@@ -611,6 +698,13 @@ std::map<std::uint16_t, NodeRecord> node_records(const Run& run) {
         if (entry.open) {
           if (node.gates.empty() || node.gates.back().close != nullptr ||
               node.gates.back().open == nullptr) {
+            node.gates.push_back(GateSpan{&entry, nullptr, run.end});
+          } else if (primary(run) && node.gates.back().open->holds != entry.holds) {
+            // Primary mode: a member became the primary with its gate open (a promote): a new
+            // span. A member whose key changed (a failed promote) stays one span, which its
+            // node's new registrations keep justified (span_keys).
+            node.gates.back().close = &entry;
+            node.gates.back().until = entry.at;
             node.gates.push_back(GateSpan{&entry, nullptr, run.end});
           }
         } else if (!node.gates.empty() && node.gates.back().close == nullptr) {
@@ -639,6 +733,24 @@ std::map<std::uint16_t, NodeRecord> node_records(const Run& run) {
   return out;
 }
 
+// The keys whose registration keeps a gate span justified: its key, and in primary mode, for a
+// member, every key its node registered while the span lasted (a promote moves the member's
+// nexuses to its new key, and the node stays registered throughout).
+std::set<std::uint64_t> span_keys(const Run& run, std::uint16_t node_id, const GateSpan& span) {
+  const std::uint64_t key = span.open->key.value_or(0);
+  std::set<std::uint64_t> keys{key};
+  if (gauge_of(run, span.open->holds) != Gauge::kMember || !primary(run)) {
+    return keys;
+  }
+  for (const Command& command : run.commands) {
+    if (command.node == node_id && command.registers() && command.submitted_seq > span.open->seq &&
+        (span.close == nullptr || command.submitted_seq < span.close->seq)) {
+      keys.insert(command.sa_key);
+    }
+  }
+  return keys;
+}
+
 // When a daemon whose deadline is `at` acts on it: then, or when it resumes from a pause.
 Time acts_at(const NodeRecord& node, Time at) {
   for (const auto& [from, to] : node.pauses) {
@@ -662,26 +774,29 @@ std::uint64_t boot_before(const NodeRecord& node, std::uint64_t seq) {
 
 void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& node,
                     std::vector<Violation>& violations) {
-  // READ RESERVATION answers of the node (in shared mode READ KEYS answers), in reaping order.
+  // The PR IN answers of the node, in reaping order; which of them count depends on the gate.
   std::vector<const Command*> reads;
   for (const Command& command : run.commands) {
-    if (command.node == node_id && command.completed) {
-      const auto view = answer::view_of(command);
-      if (view && (shared(run) ? view->shows_keys : view->shows_reservation && view->holder)) {
-        reads.push_back(&command);
-      }
+    if (command.node == node_id && command.completed && answer::view_of(command)) {
+      reads.push_back(&command);
     }
   }
-  // Whether the answer shows the key as the holder (in shared mode: registered).
-  const auto shows = [&run](const Command& read, std::uint64_t key) {
+  // Whether the answer shows the key as the holder (READ RESERVATION), or for a member's gate as
+  // registered (READ KEYS: the key, or in primary mode a key its node registered meanwhile).
+  const auto shows = [](const Command& read, std::uint64_t key, bool member,
+                        const std::set<std::uint64_t>& keys) {
     const auto view = answer::view_of(read);
-    return shared(run) ? std::find(view->keys.begin(), view->keys.end(), key) != view->keys.end()
-                       : view->holder == key;
+    return member ? view->shows_keys &&
+                        std::any_of(view->keys.begin(), view->keys.end(),
+                                    [&keys](std::uint64_t k) { return keys.contains(k); })
+                  : view->shows_reservation && view->holder == key;
   };
   std::sort(reads.begin(), reads.end(),
             [](const Command* a, const Command* b) { return a->completed_seq < b->completed_seq; });
   for (const GateSpan& span : node.gates) {
     const std::uint64_t key = span.open->key.value_or(0);
+    const bool member = gauge_of(run, span.open->holds) == Gauge::kMember;
+    const std::set<std::uint64_t> keys = span_keys(run, node_id, span);
     const std::uint64_t boot = boot_before(node, span.open->seq);
     std::vector<std::optional<Time>> latest(run.lus);
     const auto deadline = [&]() -> std::optional<Time> {
@@ -704,7 +819,7 @@ void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& nod
     std::size_t next = 0;
     for (; next < reads.size() && reads[next]->completed_seq < span.open->seq; ++next) {
       const Command& read = *reads[next];
-      if (read.submitted_seq > boot && shows(read, key) && read.lu < latest.size()) {
+      if (read.submitted_seq > boot && shows(read, key, member, keys) && read.lu < latest.size()) {
         latest[read.lu] = std::max(latest[read.lu].value_or(Time{0}), read.submitted);
       }
     }
@@ -720,7 +835,7 @@ void check_s2_lease(const Run& run, std::uint16_t node_id, const NodeRecord& nod
       if (read.completed_at > acts_at(node, *due)) {
         break;
       }
-      if (shows(read, key) && read.lu < latest.size()) {
+      if (shows(read, key, member, keys) && read.lu < latest.size()) {
         latest[read.lu] = std::max(latest[read.lu].value_or(Time{0}), read.submitted);
         due = deadline();
       }
@@ -752,6 +867,8 @@ void check_s2_reveal(const Run& run, std::uint16_t node_id, const NodeRecord& no
   const std::vector<Round> rounds = rounds_of(run, node_id);
   for (const GateSpan& span : node.gates) {
     const std::uint64_t key = span.open->key.value_or(0);
+    const bool member = gauge_of(run, span.open->holds) == Gauge::kMember;
+    const std::set<std::uint64_t> keys = span_keys(run, node_id, span);
     for (const Round& round : rounds) {
       // A read that failed proves nothing, but what the others showed is proven: a round is
       // judged once all its reads are back, whatever became of them.
@@ -760,7 +877,7 @@ void check_s2_reveal(const Run& run, std::uint16_t node_id, const NodeRecord& no
       }
       const Command& last = round.last();
       const bool open_then = span.close == nullptr || span.close->seq > last.completed_seq;
-      const Command* shown = round.reveals_loss(key, shared(run));
+      const Command* shown = round.reveals_loss(key, member, keys);
       if (!open_then || shown == nullptr || span.until <= last.completed_at ||
           busy_between(node, round.first_seq, last.completed_seq)) {
         continue;
@@ -815,9 +932,14 @@ void check_s2_continuous(const Run& run, std::vector<Violation>& violations) {
 // order of the verify reads that opened their gates, have increasing epochs.
 // Shared mode: every member registers epoch 0 (docs/protocol.md, "Shared mode"), no key outranks
 // another and nothing takes the reservation by rank: S3 does not apply, --strict-epochs included.
+// Primary mode: the members' keys (epoch 0, registered by every unfence) are left out of (a); the
+// promotes are the acquisitions of (b) (the verify read is the one its Acquired event reports: a
+// member's promote opens no gate), and (c) holds as it is. The strict order always applies: the
+// promotes' tokens, in the order of their verify reads, have strictly increasing epochs, so no two
+// gates ever open as the primary's with one epoch.
 void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
               std::vector<Violation>& violations) {
-  if (shared(run)) {
+  if (shared(run) && !primary(run)) {
     return;
   }
   for (const auto& [node, node_steps] : steps) {
@@ -840,6 +962,9 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
         continue;
       }
       const Command& command = *step.command;
+      if (primary(run) && epoch_of_key(command.sa_key) == 0) {
+        continue;  // a member's key: every unfence registers epoch 0
+      }
       const std::uint32_t epoch = epoch_of_key(command.sa_key);
       if ((op_key != 0 && op_key == command.sa_key) ||
           (open_with != 0 && open_with == command.sa_key)) {
@@ -887,6 +1012,11 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
       gate_verified[entry.node] = entry.verified_since;  // just before its acquired event
       continue;
     }
+    if (primary(run) && entry.kind == EntryKind::kEvent &&
+        entry.event == fence::EventKind::kAcquired) {
+      // A member's promote opens no gate (it is open already): the event carries the verify.
+      gate_verified[entry.node] = entry.verified_since;
+    }
     if (entry.kind != EntryKind::kEvent || entry.event != fence::EventKind::kAcquired ||
         !entry.key) {
       continue;
@@ -931,7 +1061,7 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
               record ? describe(run, *record) : "the holder when the acquire began"}});
       }
     }
-    if (run.strict_epochs) {
+    if (run.strict_epochs || primary(run)) {
       by_verify.push_back({until, epoch, &entry});
     }
   }
@@ -944,7 +1074,10 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
   for (const auto& [verified, epoch, entry] : by_verify) {
     if (latest && epoch <= latest->first) {
       violations.push_back({"S3",
-                            "(strict) a fresh acquisition with epoch " + std::to_string(epoch) +
+                            std::string(primary(run) ? "a promote's token"
+                                                     : "(strict) a fresh "
+                                                       "acquisition") +
+                                " with epoch " + std::to_string(epoch) +
                                 " verified after one with epoch " + std::to_string(latest->first),
                             {describe(*latest->second), describe(*entry)}});
     }
@@ -1108,10 +1241,60 @@ void check_s5(const Run& run, const Steps& steps, std::vector<Violation>& violat
   }
 }
 
+// C1 (a cancelled operation takes nothing after its cancel; docs/protocol.md, Resource::cancel):
+// once the driver called cancel() on a node while the acquire or promote it had asked for ran
+// (kCancelCalled), until that operation ended (its kOpDone, or the daemon's death), the node
+// submits no PR OUT that could take a LU: no PREEMPT, PREEMPT AND ABORT or RESERVE, and no
+// REGISTER or REGISTER AND IGNORE EXISTING KEY that puts a key in place, except a new path's
+// registration with the key of the node's open gate (held and verified, as S5 allows; not the
+// cancelled operation's). A command of a request the engine had submitted before the cancel,
+// sent again (a resend after an answer that says it did not execute, or the next path), is the
+// same decision, taken before the cancel, not a new one.
+void check_c1(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
+  for (const auto& [node, node_steps] : steps) {
+    const Entry* cancel = nullptr;
+    std::optional<std::uint64_t> open_with;
+    std::set<std::pair<std::uint32_t, std::uint64_t>> before;  // (boot, request) sent so far
+    for (const Step& step : node_steps) {
+      if (step.entry) {
+        const Entry& entry = *step.entry;
+        if (entry.kind == EntryKind::kCancelCalled) {
+          cancel = &entry;
+        } else if (entry.kind == EntryKind::kOpDone || entry.kind == EntryKind::kCrash ||
+                   entry.kind == EntryKind::kBoot) {
+          cancel = nullptr;
+        } else if (entry.kind == EntryKind::kGate) {
+          open_with = entry.open ? entry.key : std::nullopt;
+        }
+        continue;
+      }
+      const Command& command = *step.command;
+      if (step.completion || !command.is_prout()) {
+        continue;
+      }
+      const bool resent = before.contains({command.boot, command.request});
+      before.emplace(command.boot, command.request);
+      const bool takes =
+          command.is(PrOutAction::kPreempt) || command.is(PrOutAction::kPreemptAndAbort) ||
+          command.is(PrOutAction::kReserve) || (command.registers() && open_with != command.sa_key);
+      if (cancel == nullptr || resent || !takes) {
+        continue;
+      }
+      violations.push_back({"C1",
+                            "node " + std::to_string(node) + " sent " + prout_name(command.action) +
+                                " after its operation was cancelled",
+                            {describe(*cancel), describe(run, command, false)}});
+      cancel = nullptr;  // one report per cancel
+    }
+  }
+}
+
 // L1 (liveness, beyond S1-S5): the acquire (in shared mode the unfence) the driver makes in the
 // quiet phase, with no faults, every link up and every daemon running, succeeds.
 void check_l1(const Run& run, std::vector<Violation>& violations) {
-  const std::string final_op = shared(run) ? "final unfence" : "final acquire";
+  const std::string final_op = primary(run)  ? "final promote"
+                               : shared(run) ? "final unfence"
+                                             : "final acquire";
   for (const Entry& entry : run.trace) {
     if (entry.kind == EntryKind::kOpDone && entry.detail.rfind(final_op, 0) == 0 && !entry.ok) {
       violations.push_back(
@@ -1176,9 +1359,11 @@ std::string describe(const Entry& entry) {
     case EntryKind::kResume: text += "resumes"; break;
     case EntryKind::kLink: text += "links"; break;
     case EntryKind::kAcquireCalled:
-      text += entry.detail.find("unfence") != std::string::npos ? "driver: unfence()"
-                                                                : "driver: acquire()";
+      text += entry.detail.find("unfence") != std::string::npos   ? "driver: unfence()"
+              : entry.detail.find("promote") != std::string::npos ? "driver: promote()"
+                                                                  : "driver: acquire()";
       break;
+    case EntryKind::kCancelCalled: text += "driver: cancel()"; break;
     case EntryKind::kFenceCalled: text += "driver: fence_node()"; break;
     case EntryKind::kReleaseCalled: text += "driver: release()"; break;
     case EntryKind::kOpDone:
@@ -1290,6 +1475,7 @@ std::vector<Violation> check(const Run& run) {
   check_s3(run, replayed, steps, violations);
   check_s4(run, steps, violations);
   check_s5(run, steps, violations);
+  check_c1(run, steps, violations);
   check_l1(run, violations);
   return violations;
 }

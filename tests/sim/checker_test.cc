@@ -1,6 +1,7 @@
 // Proves that the simulation's checker (tests/sim/checker.cc) can fail, and fails only where it
 // should: on small hand-built histories (tests/sim/history.h), each property it judges (S1-S5 of
-// docs/protocol.md, the liveness property L1, and "checker", the record contradicting itself) fires
+// docs/protocol.md, C1 (a cancelled operation takes nothing after its cancel), the liveness
+// property L1, and "checker", the record contradicting itself) fires
 // on a history that breaks exactly that property, and nothing fires on the near misses its
 // statement excuses (a write that landed before the preempt or carries a newer epoch, a racer's
 // preempt of a key that never opened a gate, racers' PR OUTs after the verify read, a gate kept
@@ -272,6 +273,8 @@ class History {
     trace(node, at, EntryKind::kFenceCalled).detail = "fence node " + std::to_string(victim);
     trace(node, at, EntryKind::kBusy).open = true;
   }
+  // The driver calls cancel() while the acquire or promote it asked for runs.
+  void cancel_called(std::uint16_t node, Time at) { trace(node, at, EntryKind::kCancelCalled); }
   void release_called(std::uint16_t node, Time at) {
     trace(node, at, EntryKind::kReleaseCalled);
     trace(node, at, EntryKind::kBusy).open = true;
@@ -2096,6 +2099,49 @@ TEST(CheckerShared, AFailedFinalUnfenceViolatesL1) {
   h.event(2, 101ms, EventKind::kOperationFailed);
   h.op_done(2, 101ms, false, "final unfence: cannot read", ErrorCode::kIndeterminate);
   EXPECT_TRUE(fires(h, {"L1"}, "the final unfence in the quiet phase failed"));
+}
+
+// --- C1: a cancelled operation takes nothing after its cancel ---
+
+// Node 2's acquire is cancelled at `cancel_at`, after its REGISTERs (102 ms) and around its take
+// (103 ms); the acquire takes over from node 1 all the same, and node 1 is fenced.
+History cancelled_takeover(Time cancel_at) {
+  History h = two_nodes(1);
+  acquire(h, 1, 10ms, key_of(1, 1));
+  begin_acquire(h, 2, 100ms, key_of(2, 2));
+  if (cancel_at < 103ms) {
+    h.cancel_called(2, cancel_at);
+  }
+  take(h, 2, 103ms, key_of(2, 2));
+  if (cancel_at >= 103ms) {
+    h.cancel_called(2, cancel_at);
+  }
+  finish_acquire(h, 2, 104ms);
+  fenced(h, 1, 200ms);
+  return h;
+}
+
+TEST(CheckerC1, APreemptAfterTheCancelViolates) {
+  History h = cancelled_takeover(102ms + 500us);
+  EXPECT_TRUE(fires(h, {"C1"}, "node 2 sent PREEMPT after its operation was cancelled"));
+}
+
+TEST(CheckerC1, ACancelAfterTheTakeWasSentIsNoViolation) {
+  History h = cancelled_takeover(103ms);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+// The cancel ends with the operation: the next acquire, asked for afterwards, takes as it must.
+TEST(CheckerC1, TheNextOperationAfterACancelledOneIsNoViolation) {
+  History h = two_nodes(1);
+  acquire(h, 1, 10ms, key_of(1, 1));
+  h.acquire_called(2, 100ms, "acquire");
+  h.cancel_called(2, 100ms);
+  h.read(2, 100ms);
+  h.op_done(2, 102ms, false, "acquire: cancelled");
+  acquire(h, 2, 150ms, key_of(2, 2));
+  fenced(h, 1, 200ms);
+  EXPECT_TRUE(fires(h, {}));
 }
 
 }  // namespace

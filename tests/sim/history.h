@@ -84,8 +84,8 @@ enum class EntryKind : std::uint8_t {
   kPause,  // the daemon stops processing (detail says whether the writer froze too)
   kResume,
   kLink,           // the node's links to some LUs changed (detail)
-  kAcquireCalled,  // the driver called acquire(), or unfence() in shared mode (detail says which),
-                   // and it was not refused as busy
+  kAcquireCalled,  // the driver called acquire(), or unfence() in shared mode, or promote() in
+                   // primary mode (detail says which), and it was not refused as busy
   kReleaseCalled,
   kOpDone,   // an acquire/release finished (ok, code, detail)
   kRefused,  // the driver asked for an operation while another ran: refused (kBusy)
@@ -94,7 +94,8 @@ enum class EntryKind : std::uint8_t {
   kQuiet,    // the scenario ended: faults and pauses off, links up
   kBusy,     // the resource's operation began (open) or ended: its reads may not be the monitor's
   kPaths,    // the driver told the resource of its LU's current paths (detail)
-  kFenceCalled,  // shared mode: the driver called fence_node() (detail names the victim)
+  kFenceCalled,   // shared mode: the driver called fence_node() (detail names the victim)
+  kCancelCalled,  // the driver called cancel() while the acquire or promote it asked for ran
 };
 
 struct Entry {
@@ -102,8 +103,10 @@ struct Entry {
   Time at{0};
   std::uint16_t node = 0;
   EntryKind kind = EntryKind::kBoot;
-  bool open = false;  // kGate
-  bool ok = false;    // kOpDone
+  bool open = false;     // kGate
+  bool holds = false;    // kGate, primary mode: opened as the primary (state held), not as a member
+  bool rekeyed = false;  // kGate: the key changed with the gate open (no on_gate; node.cc)
+  bool ok = false;       // kOpDone
   ErrorCode code = ErrorCode::kInvalidArgument;
   Time verified_since{0};
   std::optional<std::uint64_t> key;  // the resource's key when it happened
@@ -140,6 +143,7 @@ struct Run {
   bool preempt_abort = false;
   bool strict_epochs = false;  // also check that fresh acquisitions of all nodes increase
   fence::Mode mode = fence::Mode::kExclusive;  // every node's (shared: unfence and fence_node)
+  bool primary = false;  // shared mode with ResourceOptions::primary: unfence joins, promote holds
   Time check_interval{0};
   Time lease{0};
   Time command_timeout{0};

@@ -157,7 +157,8 @@ fence::ResourceOptions Node::options() const {
   fence::ResourceOptions o;
   o.name = kResourceName;
   o.lus = lus_;
-  o.mode = config.shared ? fence::Mode::kShared : fence::Mode::kExclusive;
+  o.mode = config.shared || config.primary ? fence::Mode::kShared : fence::Mode::kExclusive;
+  o.primary = config.primary;
   o.type = codec::PrType::kWriteExclusiveRegistrantsOnly;
   o.preempt_abort = config.preempt_abort;
   o.cluster_id = fence::cluster_id_from_name("sim");
@@ -216,6 +217,8 @@ void Node::crash() {
   note_busy();
   paused_until_.reset();
   writer_frozen_ = false;
+  cancellable_ = false;  // the operation dies with the daemon
+  cancel_pending_ = false;
   if (writer_gate_) {
     // The daemon's death stops the gated writer (systemd stops the units bound to it).
     Entry& entry = world_.trace(id_, EntryKind::kGate);
@@ -250,6 +253,26 @@ void Node::note_busy() {
     busy_ = busy;
     world_.trace(id_, EntryKind::kBusy).open = busy;
   }
+  // Primary mode: a promote (or a failed one) changes the key while the member's gate stays open,
+  // and Resource::set_gate tells the observer nothing when the gate is already open. The writer
+  // follows the resource's key here, as a daemon would that rewrote its token on it; the record
+  // shows the change as a gate entry (open again, the new key) and a note.
+  if (writer_gate_ && resource_ && resource_->gate_open() && resource_->key() &&
+      resource_->key()->value() != writer_key_) {
+    Entry& entry = world_.trace(id_, EntryKind::kGate);
+    entry.open = true;
+    entry.rekeyed = true;
+    entry.holds = world_.config().primary && resource_->state() == fence::State::kHeld;
+    entry.verified_since = resource_->last_success().value_or(world_.now());
+    entry.key = resource_->key()->value();
+    entry.detail = std::string(fence::to_string(resource_->state())) +
+                   " (the key changed with the gate open: no on_gate)";
+    entry.target = world_.snapshot();
+    world_.add_note(format_time(world_.now()) + " node " + std::to_string(id_) +
+                    ": the key changed from " + format_key(writer_key_) + " to " +
+                    format_key(*entry.key) + " with the gate open, and on_gate was not called");
+    writer_key_ = *entry.key;
+  }
 }
 
 std::optional<Time> Node::wake() const {
@@ -282,11 +305,14 @@ void Node::acquire(const std::string& why) {
   if (refused_while_busy(why)) {
     return;
   }
-  const bool shared = world_.config().shared;
+  const bool shared = world_.config().shared || world_.config().primary;
   register_pause_armed_ = world_.arm_register_pause();
   world_.trace(id_, EntryKind::kAcquireCalled).detail = why;
+  cancellable_ = !shared;  // cancel() stops an acquire or a promote, not an unfence
   fence::Resource::Done done = [this, why, shared](Result<fence::Key> result, Time) {
     register_pause_armed_ = false;
+    cancellable_ = false;
+    cancel_pending_ = false;
     Entry& entry = world_.trace(id_, EntryKind::kOpDone);
     entry.ok = result.has_value();
     if (result) {
@@ -302,6 +328,47 @@ void Node::acquire(const std::string& why) {
   } else {
     resource_->acquire(world_.now(), std::move(done));
   }
+  note_busy();
+}
+
+void Node::promote(const std::string& why) {
+  if (!running()) {
+    return;
+  }
+  if (refused_while_busy(why)) {
+    return;
+  }
+  register_pause_armed_ = world_.arm_register_pause();
+  world_.trace(id_, EntryKind::kAcquireCalled).detail = why;
+  cancellable_ = true;
+  resource_->promote(world_.now(), [this, why](Result<fence::Key> result, Time) {
+    register_pause_armed_ = false;
+    cancellable_ = false;
+    cancel_pending_ = false;
+    Entry& entry = world_.trace(id_, EntryKind::kOpDone);
+    entry.ok = result.has_value();
+    if (result) {
+      entry.key = result->value();
+      entry.detail = why + ": promoted";
+    } else {
+      entry.code = result.error().code();
+      entry.detail = why + ": " + result.error().message();
+    }
+  });
+  note_busy();
+}
+
+void Node::cancel() {
+  if (!alive() || !cancellable_) {
+    return;
+  }
+  if (paused()) {
+    cancel_pending_ = true;
+    return;
+  }
+  cancel_pending_ = false;
+  world_.trace(id_, EntryKind::kCancelCalled).detail = "cancel the running acquire or promote";
+  resource_->cancel();
   note_busy();
 }
 
@@ -362,6 +429,9 @@ void Node::resume() {
   world_.trace(id_, EntryKind::kResume);
   if (writer_gate_ && !writer_next_) {
     writer_next_ = world_.now();
+  }
+  if (cancel_pending_) {
+    cancel();
   }
 }
 
@@ -520,6 +590,7 @@ void Node::on_gate(const fence::Resource& resource, bool open, Time verified_sin
     entry.key = resource.key()->value();
   }
   entry.detail = std::string(fence::to_string(resource.state()));
+  entry.holds = open && world_.config().primary && resource.state() == fence::State::kHeld;
   if (open) {
     entry.target = world_.snapshot();
   }
@@ -534,9 +605,11 @@ void Node::on_gate(const fence::Resource& resource, bool open, Time verified_sin
 }
 
 void Node::on_event(const fence::Resource& resource, const fence::Event& event) {
-  (void)resource;
   Entry& entry = world_.trace(id_, EntryKind::kEvent);
   entry.event = event.kind;
+  // When the read that justified the resource's last success was issued: for an Acquired event,
+  // its verify (a member's promote opens no gate, so no on_gate carries it).
+  entry.verified_since = resource.last_success().value_or(Time{0});
   if (event.key) {
     entry.key = event.key->value();
   }

@@ -71,6 +71,8 @@ World::World(const Cli& cli, std::uint64_t seed)
       runtime_rng_(mix(seed, 0, 0, 0x52)),
       hotplug_rng_(mix(seed, 0, 0, 0x48)),
       shared_rng_(mix(seed, 0, 0, 0x53)),
+      primary_rng_(mix(seed, 0, 0, 0x70)),
+      cancel_rng_(mix(seed, 0, 0, 0x43)),
       config_(draw_config(plan_rng_, cli)) {
   // Shared mode (with --shared, in half the seeds), from its own stream so that the rest of the
   // scenario is the same with or without it. LIO's PREEMPT AND ABORT aborts the commands that were
@@ -82,6 +84,12 @@ World::World(const Cli& cli, std::uint64_t seed)
   if (config_.shared) {
     config_.writer_faults.execute_late = 0.0;
   }
+  // Primary mode (with --primary, in half the seeds not in shared mode), from its own stream too.
+  // Writes stay held under PREEMPT AND ABORT as in exclusive mode: a promote preempts the old
+  // primary, the holder, whose queued commands LIO aborts; a member's queued writes, marked with
+  // the holder's key, are aborted with them (refused, never landed).
+  const bool primary_drawn = primary_rng_.chance(1, 2);
+  config_.primary = cli.primary && !config_.shared && primary_drawn;
   for (std::size_t lu = 0; lu < config_.lus; ++lu) {
     transport::LuConfig lu_config;
     lu_config.block_size = kBlockSize;
@@ -107,7 +115,8 @@ World::World(const Cli& cli, std::uint64_t seed)
     }
   }
   plan();
-  record_.mode = config_.shared ? fence::Mode::kShared : fence::Mode::kExclusive;
+  record_.mode = config_.shared || config_.primary ? fence::Mode::kShared : fence::Mode::kExclusive;
+  record_.primary = config_.primary;
 }
 
 World::~World() {
@@ -219,6 +228,47 @@ void World::plan() {
     action.victim = (action.node + 1 + shared.below(n - 1)) % n;
     actions_.push_back(action);
   }
+  // Primary mode: every planned acquire is an unfence (a member joins), and every 1-6 s a node
+  // promotes; a third of the time a second node promotes at the same instant or within a round
+  // trip (the leader lock of the cluster manager normally prevents it; the protocol must not rely
+  // on it).
+  Rng& primary = primary_rng_;
+  for (Time at = primary.time_between(seconds(1), seconds(6));
+       config_.primary && at < config_.horizon;
+       at += primary.time_between(seconds(1), seconds(6))) {
+    Action action;
+    action.at = at;
+    action.kind = Action::Kind::kPromote;
+    action.node = primary.below(n);
+    actions_.push_back(action);
+    if (primary.chance(1, 3)) {
+      Action other = action;
+      other.node = (action.node + 1 + primary.below(n - 1)) % n;
+      if (primary.chance(1, 2)) {
+        other.at += primary.time_between(Time{0}, 2 * config_.latency_max);
+      }
+      actions_.push_back(other);
+    }
+  }
+  // Cancels (every mode, from their own stream): a quarter of the acquires (exclusive) and promotes
+  // are cancelled by their caller at a random moment, within a few round trips (in the middle of
+  // a batch) or within two command timeouts (a command that timed out, a pause).
+  std::vector<Action> cancels;
+  for (const Action& action : actions_) {
+    const bool cancellable =
+        action.kind == Action::Kind::kPromote ||
+        (action.kind == Action::Kind::kAcquire && !config_.shared && !config_.primary);
+    if (!cancellable || !cancel_rng_.chance(1, 4)) {
+      continue;
+    }
+    Action cancel = action;
+    cancel.kind = Action::Kind::kCancel;
+    cancel.at += cancel_rng_.chance(1, 2)
+                     ? cancel_rng_.time_between(Time{0}, 4 * config_.latency_max)
+                     : cancel_rng_.time_between(Time{0}, 2 * Time(config_.command_timeout));
+    cancels.push_back(cancel);
+  }
+  actions_.insert(actions_.end(), cancels.begin(), cancels.end());
   std::stable_sort(actions_.begin(), actions_.end(),
                    [](const Action& a, const Action& b) { return a.at < b.at; });
 }
@@ -226,7 +276,11 @@ void World::plan() {
 void World::act(const Action& action) {
   Node& node = *nodes_[action.node];
   switch (action.kind) {
-    case Action::Kind::kAcquire: node.acquire(config_.shared ? "unfence" : "acquire"); break;
+    case Action::Kind::kAcquire:
+      node.acquire(config_.shared || config_.primary ? "unfence" : "acquire");
+      break;
+    case Action::Kind::kPromote: node.promote("promote"); break;
+    case Action::Kind::kCancel: node.cancel(); break;
     case Action::Kind::kRelease: node.release(); break;
     case Action::Kind::kFence: node.fence(nodes_[action.victim]->id()); break;
     case Action::Kind::kPause:
@@ -275,9 +329,20 @@ void World::final_acquire() {
     }
   }
   std::size_t pick = final_node_;
+  bool closed = false;
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     const std::size_t candidate = (final_node_ + i) % nodes_.size();
     if (!nodes_[candidate]->resource()->gate_open()) {
+      pick = candidate;
+      closed = true;
+      break;
+    }
+  }
+  // Primary mode: the final promote is by a node that is not the primary (every gate may be open,
+  // the members' too).
+  for (std::size_t i = 0; config_.primary && !closed && i < nodes_.size(); ++i) {
+    const std::size_t candidate = (final_node_ + i) % nodes_.size();
+    if (nodes_[candidate]->resource()->state() != fence::State::kHeld) {
       pick = candidate;
       break;
     }
@@ -289,7 +354,7 @@ void World::final_acquire() {
   const std::vector<LuState> lus = snapshot();
   for (const auto& node : nodes_) {
     const fence::Resource* resource = node->resource();
-    if (config_.shared || !resource->gate_open() || !resource->key()) {
+    if (config_.shared || config_.primary || !resource->gate_open() || !resource->key()) {
       continue;
     }
     for (std::size_t lu = 0; lu < lus.size(); ++lu) {
@@ -306,7 +371,11 @@ void World::final_acquire() {
   final_acquire_at_.reset();
   final_node_ = pick;
   final_started_ = true;
-  nodes_[pick]->acquire(config_.shared ? "final unfence" : "final acquire");
+  if (config_.primary) {
+    nodes_[pick]->promote("final promote");
+  } else {
+    nodes_[pick]->acquire(config_.shared ? "final unfence" : "final acquire");
+  }
 }
 
 // The quiet phase ends once it has lasted 2 * lease + 2 * check_interval, the final acquire is
@@ -479,7 +548,10 @@ Stats World::stats() const {
       s.lost_contacts += entry.event == fence::EventKind::kLostContact ? 1 : 0;
     }
   }
-  s.stray_registrations = record_.notes.size();
+  s.stray_registrations = static_cast<std::uint64_t>(
+      std::count_if(record_.notes.begin(), record_.notes.end(), [](const std::string& note) {
+        return note.find("stray registration") != std::string::npos;
+      }));
   for (const auto& node : nodes_) {
     s.writes_landed += node->writes_landed;
     s.writes_refused += node->writes_refused;

@@ -68,4 +68,28 @@ inline constexpr bool kSharedIgnoresFence = true;
 inline constexpr bool kSharedIgnoresFence = false;
 #endif
 
+// Primary mode: a promote takes the LUs even after cancel() (its caller went away): a pre_promote
+// that the cluster manager killed may still preempt a newer primary (C1).
+#ifdef BLKFENCE_MUTANT_PROMOTE_IGNORES_CANCEL
+inline constexpr bool kPromoteIgnoresCancel = true;
+#else
+inline constexpr bool kPromoteIgnoresCancel = false;
+#endif
+
+// Primary mode: a promote reuses the highest epoch it saw instead of drawing one above it: two
+// primaries' tokens carry one epoch, or a newer one a lower (S3).
+#ifdef BLKFENCE_MUTANT_PROMOTE_NO_EPOCH_BUMP
+inline constexpr bool kPromoteNoEpochBump = true;
+#else
+inline constexpr bool kPromoteNoEpochBump = false;
+#endif
+
+// Primary mode: a promote opens the primary's gate whatever its verify read showed (another holder,
+// none, our key gone): a primary whose key does not hold every LU (S2).
+#ifdef BLKFENCE_MUTANT_PROMOTE_SKIPS_VERIFY
+inline constexpr bool kPromoteSkipsVerify = true;
+#else
+inline constexpr bool kPromoteSkipsVerify = false;
+#endif
+
 }  // namespace blkfence::fence::mutant

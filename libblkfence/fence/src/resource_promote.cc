@@ -10,6 +10,7 @@
 #include "blkfence/fence/resource.h"
 #include "blkfence/pr/client.h"
 
+#include "mutants.h"
 #include "resource_reads.h"
 
 namespace blkfence::fence {
@@ -81,6 +82,9 @@ void Resource::promote_draw(const Reads& reads, Time now) {
         now);
     return;
   }
+  if constexpr (mutant::kPromoteNoEpochBump) {
+    epoch -= epoch > 0 ? 1 : 0;
+  }
   const Key key = key_for(epoch + 1);
   if (auto stored = epochs_.store(options_.name, key.epoch()); !stored) {
     end(tl::unexpected(stored.error()), now);
@@ -122,6 +126,9 @@ void Resource::promote_draw(const Reads& reads, Time now) {
 // never one that came after it.
 void Resource::promote_take(Key key, const Reads& reads, std::set<std::uint64_t> victims, int round,
                             Time now) {
+  if constexpr (mutant::kPromoteIgnoresCancel) {
+    cancelled_ = false;
+  }
   if (cancelled_) {
     promote_failed(key, "cancelled before taking the LUs", now);
     return;
@@ -194,6 +201,9 @@ void Resource::promote_verify(Key key, std::set<std::uint64_t> victims, int roun
                if (!problem.empty()) {
                  problem.insert(0, options_.lus[i].name + ": ");
                }
+             }
+             if constexpr (mutant::kPromoteSkipsVerify) {
+               problem.clear();
              }
              if (problem.empty()) {
                key_ = key;
