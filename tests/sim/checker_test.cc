@@ -2101,6 +2101,32 @@ TEST(CheckerShared, AFailedFinalUnfenceViolatesL1) {
   EXPECT_TRUE(fires(h, {"L1"}, "the final unfence in the quiet phase failed"));
 }
 
+// --- primary mode (tests/sim/README.md, "Primary mode") ---
+
+// Node 1 promotes with epoch 2 and node 2 after it with `epoch` (both as a promote does: register,
+// take, verify); node 2's promote preempts node 1, whose monitor notices at 200 ms.
+History promote_after_promote(std::uint32_t epoch) {
+  History h = two_nodes(1);
+  h.run().mode = fence::Mode::kShared;
+  h.run().primary = true;
+  acquire(h, 1, 10ms, key_of(1, 2), "promote");
+  acquire(h, 2, 100ms, key_of(2, epoch), "promote");
+  fenced(h, 1, 200ms);
+  return h;
+}
+
+// Racing promotes that drew one epoch: the second, of the higher node id, outranks the first and
+// takes over with the same epoch (README.md, "Known defects of primary mode", seed 70).
+TEST(CheckerPrimary, TwoPromotesWithOneEpochViolateS3) {
+  History h = promote_after_promote(2);
+  EXPECT_TRUE(fires(h, {"S3"}, "a promote's token with epoch 2 verified after one with epoch 2"));
+}
+
+TEST(CheckerPrimary, APromoteWithAHigherEpochIsNoViolation) {
+  History h = promote_after_promote(3);
+  EXPECT_TRUE(fires(h, {}));
+}
+
 // --- C1: a cancelled operation takes nothing after its cancel ---
 
 // Node 2's acquire is cancelled at `cancel_at`, after its REGISTERs (102 ms) and around its take
