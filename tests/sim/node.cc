@@ -309,20 +309,7 @@ void Node::acquire(const std::string& why) {
   register_pause_armed_ = world_.arm_register_pause();
   world_.trace(id_, EntryKind::kAcquireCalled).detail = why;
   cancellable_ = !shared;  // cancel() stops an acquire or a promote, not an unfence
-  fence::Resource::Done done = [this, why, shared](Result<fence::Key> result, Time) {
-    register_pause_armed_ = false;
-    cancellable_ = false;
-    cancel_pending_ = false;
-    Entry& entry = world_.trace(id_, EntryKind::kOpDone);
-    entry.ok = result.has_value();
-    if (result) {
-      entry.key = result->value();
-      entry.detail = why + (shared ? ": unfenced" : ": acquired");
-    } else {
-      entry.code = result.error().code();
-      entry.detail = why + ": " + result.error().message();
-    }
-  };
+  fence::Resource::Done done = op_done(why, shared ? ": unfenced" : ": acquired");
   if (shared) {
     resource_->unfence(world_.now(), std::move(done));
   } else {
@@ -341,7 +328,13 @@ void Node::promote(const std::string& why) {
   register_pause_armed_ = world_.arm_register_pause();
   world_.trace(id_, EntryKind::kAcquireCalled).detail = why;
   cancellable_ = true;
-  resource_->promote(world_.now(), [this, why](Result<fence::Key> result, Time) {
+  resource_->promote(world_.now(), op_done(why, ": promoted"));
+  note_busy();
+}
+
+// The end of an acquire, unfence or promote, recorded with what it did (`done`) or its error.
+fence::Resource::Done Node::op_done(const std::string& why, const std::string& done) {
+  return [this, why, done](Result<fence::Key> result, Time) {
     register_pause_armed_ = false;
     cancellable_ = false;
     cancel_pending_ = false;
@@ -349,13 +342,12 @@ void Node::promote(const std::string& why) {
     entry.ok = result.has_value();
     if (result) {
       entry.key = result->value();
-      entry.detail = why + ": promoted";
+      entry.detail = why + done;
     } else {
       entry.code = result.error().code();
       entry.detail = why + ": " + result.error().message();
     }
-  });
-  note_busy();
+  };
 }
 
 void Node::cancel() {

@@ -353,6 +353,7 @@ class Node final : public fence::Observer {
  private:
   fence::ResourceOptions options() const;
   bool refused_while_busy(const std::string& why);
+  fence::Resource::Done op_done(const std::string& why, const std::string& done);
 
   World& world_;
   std::uint16_t id_;
