@@ -94,6 +94,26 @@ bool Resource::outranks(std::uint64_t other, Key key) const {
   return std::pair(theirs->epoch(), theirs->node_id()) > std::pair(key.epoch(), key.node_id());
 }
 
+// The epoch a new key must exceed (S3): every key of this cluster the reads show, registered or
+// holding, and the persisted high-water mark. The reads include READ KEYS on every LU.
+std::uint32_t Resource::highest_epoch(const Reads& reads) const {
+  std::uint32_t epoch = high_water_;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    std::vector<std::uint64_t> seen = reads.lus[i].keys->keys;
+    // READ KEYS and READ RESERVATION are two commands: a racer may have registered and taken
+    // the LU between them, so its key can be in the reservation only.
+    if (const auto holder = reads.holder(i)) {
+      seen.push_back(*holder);
+    }
+    for (const std::uint64_t k : seen) {
+      if (Key::cluster_of(k) == options_.cluster_id) {
+        epoch = std::max(epoch, Key::epoch_of(k));
+      }
+    }
+  }
+  return epoch;
+}
+
 bool Resource::ours(std::uint64_t key) const {
   return Key::cluster_of(key) == options_.cluster_id && Key::node_of(key) == options_.node_id;
 }

@@ -59,20 +59,7 @@ void Resource::acquire(Time now, Done done) {
 // Draws the epoch from what reads showed (S3: above every key of this cluster seen and the stored
 // high-water mark), stores it, and registers the new key on every path.
 void Resource::acquire_draw(Reads reads, int round, Time at) {
-  std::uint32_t epoch = high_water_;
-  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    std::vector<std::uint64_t> seen = reads.lus[i].keys->keys;
-    // READ KEYS and READ RESERVATION are two commands: a racer may have registered and taken
-    // the LU between them, so its key can be in the reservation only (S3).
-    if (const auto holder = reads.holder(i)) {
-      seen.push_back(*holder);
-    }
-    for (const std::uint64_t k : seen) {
-      if (Key::cluster_of(k) == options_.cluster_id) {
-        epoch = std::max(epoch, Key::epoch_of(k));
-      }
-    }
-  }
+  std::uint32_t epoch = highest_epoch(reads);
   if (epoch == UINT32_MAX) {
     set_state(State::kReleased, "the epoch space is exhausted");
     end(fail(ErrorCode::kInvalidArgument,

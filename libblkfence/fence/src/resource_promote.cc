@@ -57,18 +57,7 @@ void Resource::promote(Time now, Done done) {
 // S3 as in acquire: the new epoch is above every key of this cluster seen and the stored
 // high-water mark, and durable before the key exists anywhere.
 void Resource::promote_draw(const Reads& reads, Time now) {
-  std::uint32_t epoch = high_water_;
-  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    std::vector<std::uint64_t> seen = reads.lus[i].keys->keys;
-    if (const auto holder = reads.holder(i)) {
-      seen.push_back(*holder);
-    }
-    for (const std::uint64_t k : seen) {
-      if (Key::cluster_of(k) == options_.cluster_id) {
-        epoch = std::max(epoch, Key::epoch_of(k));
-      }
-    }
-  }
+  std::uint32_t epoch = highest_epoch(reads);
   if (epoch == UINT32_MAX) {
     end(fail(ErrorCode::kInvalidArgument,
              "promote of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),

@@ -221,6 +221,7 @@ class Resource {
             std::string device = {});
   Key key_for(std::uint32_t epoch) const;
   bool ours(std::uint64_t key) const;
+  std::uint32_t highest_epoch(const Reads& reads) const;
   bool outranks(std::uint64_t other, Key key) const;
   void probe_read(const Reads& reads, Time now);
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
