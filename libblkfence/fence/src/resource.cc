@@ -363,17 +363,21 @@ std::optional<Key> Resource::adoptable(const Reads& reads, std::uint32_t stored)
     }
     return adopt ? std::optional(*Key::from_value(*holder)) : std::nullopt;
   }
+  // The newest key of ours anywhere: in primary mode an older one may survive on a nexus whose
+  // re-key did not execute, and adopting it would make the writer's token a key the next promote
+  // treats as the old primary's leftover.
   std::optional<std::uint64_t> mine;
-  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    bool registered = false;
-    for (const std::uint64_t k : reads.lus[i].keys->keys) {
-      if (ours(k) && (!mine || *mine == k)) {
+  for (const auto& lu : reads.lus) {
+    for (const std::uint64_t k : lu.keys->keys) {
+      if (ours(k) && (!mine || Key::epoch_of(k) > Key::epoch_of(*mine))) {
         mine = k;
-        registered = true;
       }
     }
+  }
+  for (std::size_t i = 0; mine && i < reads.lus.size(); ++i) {
     // Primary mode: the members do not reserve; an unreserved LU is the primary's business.
-    if (!registered || (!options_.primary && !reads.lus[i].reservation->reservation)) {
+    if (!reads.registered(i, *mine) ||
+        (!options_.primary && !reads.lus[i].reservation->reservation)) {
       return std::nullopt;
     }
   }

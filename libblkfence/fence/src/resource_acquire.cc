@@ -2,6 +2,7 @@
 // "Release"; fence layer). See resource.h.
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "blkfence/assert.h"
 #include "blkfence/codec/prin.h"
@@ -381,7 +382,7 @@ void Resource::release(Time now, Done done) {
     return;
   }
   begin(Op::kRelease, std::move(done));
-  primary_ = false;
+  const bool was_primary = std::exchange(primary_, false);
   // The writer stops before anything else happens (docs/protocol.md, Release).
   set_gate(false, now);
   if (!key_) {
@@ -391,7 +392,9 @@ void Resource::release(Time now, Done done) {
     return;
   }
   const Key key = *key_;
-  if (options_.mode == Mode::kShared) {
+  // The primary of primary mode releases as an exclusive holder does: RELEASE would leave the LUs
+  // unreserved and take its epoch off them (S1, S3). A member reads first (release_shared).
+  if (options_.mode == Mode::kShared && !was_primary) {
     release_shared(key, now);
     return;
   }
@@ -399,7 +402,10 @@ void Resource::release(Time now, Done done) {
     mutant_release(key, now);
     return;
   }
-  const bool held = state_ == State::kHeld || state_ == State::kLostContact;
+  release_keeping(key, state_ == State::kHeld || state_ == State::kLostContact, now);
+}
+
+void Resource::release_keeping(Key key, bool held, Time now) {
   // Exclusive: the token is given up here, not on the target. Dropping the reservation would let
   // every nexus write, a node preempted a moment ago that has not noticed yet included (S1), and
   // the LUs would forget the epoch (S3). So the key keeps the reservation, with the gate closed,
@@ -454,6 +460,18 @@ void Resource::release_shared(Key key, Time now) {
             end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_),
                 read);
             return;
+          }
+          // A member of primary mode whose key holds a LU (a promote that failed at its verify,
+          // or was cancelled after its take) keeps it as the primary does: unregistering the
+          // holder would take the highest epoch off the LUs, and the next promote could draw
+          // it again (S3).
+          if (options_.primary) {
+            for (std::size_t i = 0; i < before.lus.size(); ++i) {
+              if (before.holder(i) == key.value()) {
+                release_keeping(key, true, read);
+                return;
+              }
+            }
           }
           run(std::move(releases), read, [this, key](const std::vector<pr::Response>&, Time at) {
             std::vector<pr::Request> unregisters;

@@ -29,6 +29,11 @@ void Resource::on_time(Time now) {
       *next_check_ <= now) {
     check(now);
   }
+  if (settling_ && settling_->first <= now) {
+    auto step = std::move(settling_->second);
+    settling_.reset();
+    step(now);
+  }
 }
 
 std::optional<Time> Resource::next_wake() const {
@@ -39,6 +44,9 @@ std::optional<Time> Resource::next_wake() const {
   if (gate_open_ && last_success_ && !mutant::kNoLease) {
     const Time expiry = *last_success_ + options_.lease;
     wake = wake ? std::min(*wake, expiry) : expiry;
+  }
+  if (settling_) {
+    wake = wake ? std::min(*wake, settling_->first) : settling_->first;
   }
   return wake;
 }
@@ -330,6 +338,31 @@ void Resource::after_monitor_prouts(Time now, std::function<void(Time)> step) {
   }
   BLKFENCE_ASSERT(!waiting_);
   waiting_ = std::move(step);
+}
+
+// Primary mode draws a new key for every unfence and promote. A REGISTER of an earlier one that
+// timed out may still execute after the next one registered its key, and move a nexus back to the
+// older key after the verify read showed the new one (S2). So the next one starts its reads only
+// once such a command can no longer execute. (Shared mode's members register one key, epoch 0,
+// every time: a late REGISTER of it changes nothing.)
+void Resource::after_registers_settle(Time now, std::function<void(Time)> step) {
+  if (!options_.primary || !registers_settle_ || *registers_settle_ <= now) {
+    registers_settle_.reset();
+    step(now);
+    return;
+  }
+  BLKFENCE_ASSERT(!settling_);
+  detail_ = "waiting until a REGISTER of ours that timed out can no longer execute";
+  settling_.emplace(*registers_settle_, std::move(step));
+}
+
+void Resource::note_late_registers(const std::vector<pr::Response>& responses, Time at) {
+  for (const pr::Response& response : responses) {
+    if (!response.data && response.data.error().code() == ErrorCode::kIndeterminate) {
+      const Time settles = at + late_execution_horizon();
+      registers_settle_ = registers_settle_ ? std::max(*registers_settle_, settles) : settles;
+    }
+  }
 }
 
 void Resource::fenced(std::optional<std::uint64_t> by, const std::string& lu,

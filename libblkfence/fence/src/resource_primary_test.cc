@@ -36,6 +36,7 @@ class PrimaryTest : public ResourceTest {
       Outcome* unfenced = node->unfence();
       ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
       ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
+      members.push_back(**unfenced->result);
     }
   }
   Key promoted(Node& node) {
@@ -45,6 +46,8 @@ class PrimaryTest : public ResourceTest {
         << (outcome->done() ? outcome->result->error().message() : std::string("not done"));
     return outcome->done() && outcome->result->has_value() ? **outcome->result : key_of(1, 0);
   }
+  // The keys boot_members registered, A's then B's: each a new epoch above every key seen.
+  std::vector<Key> members;
   std::size_t prouts_by(std::uint16_t node, std::uint8_t action) const {
     const auto records = prouts_of(node);
     return static_cast<std::size_t>(
@@ -53,11 +56,13 @@ class PrimaryTest : public ResourceTest {
   }
 };
 
-// Members register and leave the LUs unreserved; A's promote reserves them with epoch 1; B's
-// promote preempts A's key (A's registrations go, the reservation moves to B with epoch 2), and B
-// was registered throughout. A's monitor sees the fence; B stays the primary, A a fenced node.
+// Members register with epochs 1 and 2 and leave the LUs unreserved; A's promote reserves them
+// with epoch 3; B's promote preempts A's key (A's registrations go, the reservation moves to B with
+// epoch 4), and B was registered throughout. A's monitor sees the fence; B stays the primary, A a fenced node.
 TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   boot_members();
+  ASSERT_EQ(members, (std::vector<Key>{key_of(kNodeA, 1), key_of(kNodeB, 2)}))
+      << "a member's key is a new epoch, as a promote's is";
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     EXPECT_EQ(holder_of(lu), std::nullopt) << "members never reserve";
   }
@@ -65,12 +70,12 @@ TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   EXPECT_TRUE(b->resource->gate_open());
 
   const Key first = promoted(*a);
-  EXPECT_EQ(first, key_of(kNodeA, 1));
+  EXPECT_EQ(first, key_of(kNodeA, 3));
   EXPECT_EQ(a->resource->state(), State::kHeld);
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     EXPECT_EQ(holder_of(lu), first.value());
     EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{first.value(), first.value(),
-                                                       key_of(kNodeB, 0).value()}));
+                                                       members[1].value()}));
   }
   EXPECT_EQ(prouts_by(kNodeA, kPreempt), 0U) << "nobody held: RESERVE, no preempt";
   Outcome* again = a->unfence();
@@ -83,7 +88,7 @@ TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   EXPECT_EQ(a->resource->state(), State::kHeld);
 
   const Key second = promoted(*b);
-  EXPECT_EQ(second, key_of(kNodeB, 2)) << "above every key of the cluster on the LUs";
+  EXPECT_EQ(second, key_of(kNodeB, 4)) << "above every key of the cluster on the LUs";
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     EXPECT_EQ(holder_of(lu), second.value());
     EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{second.value()}));
@@ -195,7 +200,7 @@ TEST_F(PrimaryTest, ARestartAdoptsThePrimaryAndTheMember) {
   EXPECT_EQ(a->resource->state(), State::kHeld);
   EXPECT_EQ(a->resource->key(), first);
   EXPECT_EQ(b->resource->state(), State::kUnfenced);
-  EXPECT_EQ(b->resource->key(), key_of(kNodeB, 0));
+  EXPECT_EQ(b->resource->key(), members[1]);
 }
 
 }  // namespace

@@ -40,16 +40,18 @@ void Resource::promote(Time now, Done done) {
   new_paths_.clear();  // every path is registered with the new key
   detail_ = "promoting: reading keys and reservations";
   // S4: a PR OUT of ours that failed or timed out before is read back first.
-  after_monitor_prouts(now, [this](Time from) {
-    read_all(true, from, [this](const Reads& reads, Time at) {
-      if (!reads.ok()) {
-        end(fail(ErrorCode::kIndeterminate,
-                 "promote of " + options_.name +
-                     ": cannot read the LUs: " + reads.errors(options_.lus)),
-            at);
-        return;
-      }
-      promote_draw(reads, at);
+  after_monitor_prouts(now, [this](Time monitor_done) {
+    after_registers_settle(monitor_done, [this](Time from) {
+      read_all(true, from, [this](const Reads& reads, Time at) {
+        if (!reads.ok()) {
+          end(fail(ErrorCode::kIndeterminate,
+                   "promote of " + options_.name +
+                       ": cannot read the LUs: " + reads.errors(options_.lus)),
+              at);
+          return;
+        }
+        promote_draw(reads, at);
+      });
     });
   });
 }
@@ -91,6 +93,7 @@ void Resource::promote_draw(const Reads& reads, Time now) {
     }
   }
   run(std::move(requests), now, [this, key](const std::vector<pr::Response>& responses, Time at) {
+    note_late_registers(responses, at);
     if (const std::string error = first_error(responses); !error.empty()) {
       promote_failed(key, "register: " + error, at);
       return;
@@ -107,8 +110,8 @@ void Resource::promote_draw(const Reads& reads, Time now) {
 }
 
 // Where another key holds: PREEMPT it (that removes every registration of the old primary's key
-// on the LU and moves the reservation to ours); where nobody holds: RESERVE. The old primary's key
-// is also preempted where it is registered without holding. Members' keys are left alone.
+// on the LU and moves the reservation to ours); where nobody holds: RESERVE. The old primary's
+// other keys are preempted first, in a round of their own. Members' keys are left alone.
 //
 // Every PREEMPT names its victim by key, and no key is ever used twice (S3): a PREEMPT that
 // executes late, after this promote failed or was cancelled, can only remove the primary it read,
@@ -125,18 +128,35 @@ void Resource::promote_take(Key key, const Reads& reads, std::set<std::uint64_t>
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
     const auto holder = reads.holder(i);
     if (holder && *holder != key.value()) {
-      if (outranks(*holder, key)) {
-        promote_failed(
-            key, options_.lus[i].name + " is held by " + Key::format(*holder) + ", a newer primary",
-            now);
+      // A primary of this cluster promoted after our read, or at the same time with the same
+      // epoch: taking over from it would give two primaries' tokens one epoch, or a newer one a
+      // lower (S3). It wins.
+      if (Key::cluster_of(*holder) == options_.cluster_id &&
+          Key::epoch_of(*holder) >= key.epoch()) {
+        promote_failed(key,
+                       options_.lus[i].name + " is held by " + Key::format(*holder) +
+                           ", a primary as new as this promote or newer",
+                       now, ErrorCode::kLost);
         return;
       }
       victims.insert(*holder);
     }
   }
-  std::vector<pr::Request> requests;
   const char* preempt = options_.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT";
+  // The old primary's other keys go first, and the holder's only once none is left: preempting
+  // the holder is the moment the old primary is fenced, and a nexus of its node that still carried
+  // an older key after it could go on writing under our reservation (S1). The verify that follows
+  // this round finds the holder still there and takes it in the next one.
+  std::vector<pr::Request> stale;
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    for (const std::uint64_t other : reads.others(i, key.value())) {
+      if (of_old_primary(victims, other, key) && other != reads.holder(i)) {
+        stale.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other), preempt));
+      }
+    }
+  }
+  std::vector<pr::Request> requests;
+  for (std::size_t i = 0; i < reads.lus.size() && stale.empty(); ++i) {
     const auto holder = reads.holder(i);
     if (!holder) {
       requests.push_back(pr::prout_first_path(
@@ -145,12 +165,9 @@ void Resource::promote_take(Key key, const Reads& reads, std::set<std::uint64_t>
       requests.push_back(
           pr::prout_first_path(options_.lus[i], take_command(key, *holder), preempt));
     }
-    for (const std::uint64_t other : reads.others(i, key.value())) {
-      if (victims.contains(other) && other != holder) {
-        requests.push_back(
-            pr::prout_first_path(options_.lus[i], take_command(key, other), preempt));
-      }
-    }
+  }
+  if (!stale.empty()) {
+    requests = std::move(stale);
   }
   if (requests.empty()) {
     promote_verify(key, std::move(victims), round, now);
@@ -181,7 +198,7 @@ void Resource::promote_verify(Key key, std::set<std::uint64_t> victims, int roun
                  problem = "our key is not registered";
                } else {
                  for (const std::uint64_t other : reads.others(i, key.value())) {
-                   if (victims.contains(other)) {
+                   if (of_old_primary(victims, other, key)) {
                      problem =
                          "the old primary's key " + Key::format(other) + " is still registered";
                    }
@@ -193,6 +210,11 @@ void Resource::promote_verify(Key key, std::set<std::uint64_t> victims, int roun
              }
              if constexpr (mutant::kPromoteSkipsVerify) {
                problem.clear();
+             }
+             if (problem.empty() && at - reads.started >= options_.lease) {
+               // As in acquire: a verify read a lease old by now (a slow or stalled target) would
+               // open the gate with its lease already over (S2).
+               problem = "the reads take longer than the lease";
              }
              if (problem.empty()) {
                key_ = key;
@@ -214,16 +236,29 @@ void Resource::promote_verify(Key key, std::set<std::uint64_t> victims, int roun
            });
 }
 
+// A key of the old primary: one that held when a take read the LUs, or any older key of its node.
+// Every one of them goes, not only the one that held: a nexus whose path went away, or whose re-key
+// timed out, may still carry an older key, and under a Registrants Only reservation every
+// registered nexus may write (S1). A key of that node with our epoch or above is a promote of its
+// own racing this one, which may hold by the time a PREEMPT reaches the LU: preempting it would let
+// our lower epoch take over from a higher one (S3), so it is left to that promote's outcome.
+bool Resource::of_old_primary(const std::set<std::uint64_t>& victims, std::uint64_t key,
+                              Key ours) const {
+  return std::any_of(victims.begin(), victims.end(), [&](std::uint64_t victim) {
+    return victim == key ||
+           (Key::cluster_of(victim) == options_.cluster_id &&
+            Key::cluster_of(key) == options_.cluster_id &&
+            Key::node_of(victim) == Key::node_of(key) && Key::epoch_of(key) < ours.epoch());
+  });
+}
+
 // What a failed promote leaves is read, not assumed (S4). A node whose new key is registered on
 // every LU stays a member (its gate as it was: a replica keeps writing); one whose key is gone
 // from a LU was fenced meanwhile.
-void Resource::promote_failed(Key key, std::string why, Time now) {
+void Resource::promote_failed(Key key, std::string why, Time now, ErrorCode failure) {
   ++counters_.acquire_failures;
-  read_all(true, now, [this, key, why = std::move(why)](const Reads& reads, Time at) {
-    const ErrorCode code = cancelled_ ? ErrorCode::kCancelled
-                           : why.find("newer primary") != std::string::npos
-                               ? ErrorCode::kLost
-                               : ErrorCode::kIndeterminate;
+  read_all(true, now, [this, key, why = std::move(why), failure](const Reads& reads, Time at) {
+    const ErrorCode code = cancelled_ ? ErrorCode::kCancelled : failure;
     primary_ = false;
     for (std::size_t i = 0; i < reads.lus.size(); ++i) {
       if (reads.lus[i].keys && !reads.registered(i, key.value())) {
@@ -249,12 +284,17 @@ void Resource::promote_failed(Key key, std::string why, Time now) {
           left += "; holds " + options_.lus[i].name;
         }
       }
-      if (promoting_member_) {
+      if (promoting_member_ && at - reads.started < options_.lease) {
         // A read issued after every PR OUT of ours shows our key on every LU: the member gate
         // (re)opens on it, even if the lease ran out while the promote ran (S2).
         set_state(State::kUnfenced, "promote failed: " + left);
         last_success_ = reads.started;
         set_gate(true, reads.started);
+      } else if (promoting_member_) {
+        // The same read, but a lease old: the monitor's next round decides, as after lost contact.
+        set_gate(false, at);
+        set_state(State::kLostContact,
+                  "promote failed: " + left + "; the read took longer than the lease");
       } else {
         left += "; gate closed: unfence to rejoin as a member";
         set_state(State::kReleased, "promote failed: " + left);

@@ -25,41 +25,64 @@ void Resource::unfence(Time now, Done done) {
   }
   begin(Op::kUnfence, std::move(done));
   primary_ = false;
-  new_paths_.clear();          // every path is registered
-  const Key key = key_for(0);  // docs/protocol.md, "Shared mode": members register with epoch 0
-  key_ = key;
+  new_paths_.clear();  // every path is registered
   fenced_by_.reset();
-  set_state(State::kUnfencing, "registering " + key.to_string());
-  std::vector<pr::Request> requests;
-  for (const auto& lu : options_.lus) {
-    for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
-                                              "REGISTER AND IGNORE EXISTING KEY")) {
-      requests.push_back(std::move(request));
-    }
-  }
+  set_state(State::kUnfencing, "reading before registering");
   // S4: a PR OUT of ours that failed or timed out before (an unfence, a fence, a release) is read
   // back before we register again, whatever the register then does.
-  after_monitor_prouts(now, [this, key, requests = std::move(requests)](Time from) mutable {
-    read_all(
-        true, from,
-        [this, key, requests = std::move(requests)](const Reads& reads, Time read_at) mutable {
-          if (!reads.ok()) {
-            set_state(State::kReleased,
-                      "unfence failed: cannot read " + reads.errors(options_.lus));
-            end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + detail_),
-                read_at);
+  after_monitor_prouts(now, [this](Time monitor_done) {
+    after_registers_settle(monitor_done, [this](Time from) { unfence_register(from); });
+  });
+}
+
+// Reads, draws the member's key (primary mode), registers it on every path.
+void Resource::unfence_register(Time now) {
+  read_all(true, now, [this](const Reads& reads, Time read_at) {
+    if (!reads.ok()) {
+      set_state(State::kReleased, "unfence failed: cannot read " + reads.errors(options_.lus));
+      end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + detail_), read_at);
+      return;
+    }
+    // docs/protocol.md, "Shared mode": members register with epoch 0. In primary mode a
+    // member draws a new epoch as promote does: its REGISTER may re-key a nexus that holds
+    // (a released or unreachable primary rejoining), which must not take an epoch off the
+    // LUs, and no key is ever registered twice (S3).
+    Key key = key_for(0);
+    if (options_.primary) {
+      const std::uint32_t epoch = highest_epoch(reads);
+      if (epoch == UINT32_MAX) {
+        set_state(State::kReleased, "unfence failed: the epoch space is exhausted");
+        end(fail(ErrorCode::kInvalidArgument,
+                 "unfence of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),
+            read_at);
+        return;
+      }
+      key = key_for(epoch + 1);
+      if (auto stored = epochs_.store(options_.name, key.epoch()); !stored) {
+        set_state(State::kReleased, "unfence failed: cannot store the epoch");
+        end(tl::unexpected(stored.error()), read_at);
+        return;
+      }
+      high_water_ = key.epoch();
+    }
+    key_ = key;
+    set_state(State::kUnfencing, "registering " + key.to_string());
+    std::vector<pr::Request> requests;
+    for (const auto& lu : options_.lus) {
+      for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
+                                                "REGISTER AND IGNORE EXISTING KEY")) {
+        requests.push_back(std::move(request));
+      }
+    }
+    run(std::move(requests), read_at,
+        [this, key](const std::vector<pr::Response>& responses, Time at) {
+          note_late_registers(responses, at);
+          if (const std::string error = first_error(responses); !error.empty()) {
+            set_state(State::kReleased, "unfence failed: " + error);
+            end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error), at);
             return;
           }
-          run(std::move(requests), read_at,
-              [this, key](const std::vector<pr::Response>& responses, Time at) {
-                if (const std::string error = first_error(responses); !error.empty()) {
-                  set_state(State::kReleased, "unfence failed: " + error);
-                  end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error),
-                      at);
-                  return;
-                }
-                unfence_reserve(key, at);
-              });
+          unfence_reserve(key, at);
         });
   });
 }
@@ -99,6 +122,8 @@ void Resource::unfence_verify(Key key, Time now) {
         problem = "our key is not registered";
       } else if (!options_.primary && !reads.lus[i].reservation->reservation) {
         problem = "no reservation protects it";
+      } else if (at - reads.started >= options_.lease) {
+        problem = "the reads take longer than the lease";  // the gate would open expired (S2)
       }
       if (!problem.empty()) {
         set_state(State::kReleased, "unfence failed: " + options_.lus[i].name + ": " + problem);

@@ -236,6 +236,7 @@ class Resource {
   void acquire_verify(Key key, int round, Time now);
   void acquire_succeeded(Key key, Time verified_since, Time now);
   void acquire_failed(Key key, std::string why, Time now);
+  void release_keeping(Key key, bool held, Time now);
   Result<void> give_up(Key key);
   void note_uncertain(const std::vector<pr::Response>& responses,
                       const std::vector<std::size_t>& lu_of);
@@ -244,6 +245,7 @@ class Resource {
 
   // resource_shared.cc: shared mode.
   void release_shared(Key key, Time now);
+  void unfence_register(Time now);
   void unfence_reserve(Key key, Time now);
   void unfence_verify(Key key, Time now);
   void fence_preempt(std::uint16_t victim, const Reads& reads, Time now);
@@ -253,7 +255,9 @@ class Resource {
   void promote_take(Key key, const Reads& reads, std::set<std::uint64_t> victims, int round,
                     Time now);
   void promote_verify(Key key, std::set<std::uint64_t> victims, int round, Time now);
-  void promote_failed(Key key, std::string why, Time now);
+  void promote_failed(Key key, std::string why, Time now,
+                      ErrorCode failure = ErrorCode::kIndeterminate);
+  bool of_old_primary(const std::set<std::uint64_t>& victims, std::uint64_t key, Key ours) const;
 
   // resource_paths.cc: path hot-plug.
   bool holding() const;
@@ -276,6 +280,8 @@ class Resource {
   void monitor_send(std::vector<pr::Request> requests, Time now);
   // Runs step once no PR OUT the monitor sent is in flight (at once when none is).
   void after_monitor_prouts(Time now, std::function<void(Time)> step);
+  void after_registers_settle(Time now, std::function<void(Time)> step);
+  void note_late_registers(const std::vector<pr::Response>& responses, Time at);
   void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
               Time now);
 
@@ -336,6 +342,10 @@ class Resource {
   int monitor_prouts_ = 0;            // batches of PR OUTs the monitor sent, not answered yet
   std::optional<Time> monitor_prouts_answered_;  // when the last of them was answered
   std::function<void(Time)> waiting_;            // an operation's first step, waiting for them
+  // Primary mode: until when a REGISTER of ours that timed out may still execute, and the first
+  // step of an unfence or promote waiting for that moment (after_registers_settle).
+  std::optional<Time> registers_settle_;
+  std::optional<std::pair<Time, std::function<void(Time)>>> settling_;
   Counters counters_;
 };
 
