@@ -428,6 +428,13 @@ void Daemon::on_event(const fence::Resource& resource, const fence::Event& event
       id = kMessageAcquired;
       priority = Priority::kNotice;
       wire = Event::kAcquired;
+      // A member's promote changes the token of a gate that stays open (on_gate is not called).
+      if (resource.gate_open() && resource.key()) {
+        if (auto written = gate_->open(resource.name(), *resource.key()); !written) {
+          log(Priority::kErr, "the token file failed: " + written.error().message(),
+              fields_of(resource));
+        }
+      }
       break;
     case fence::EventKind::kReleased:
       id = kMessageReleased;
