@@ -328,8 +328,12 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // a member, whose writes then land legitimately): P removed K_V after K_V had opened V's gate since
 // V's last unfence() or promote() call before P.at; typically a promote's PREEMPT of the old
 // primary's key. The same excuses hold: an unfence() or promote() of V in [P.at, W.at), the
-// late new-path registration, and an unreserved L (the LUs are unreserved until the first promote,
-// and again after the primary's release). The new-path window's "V knows" reads K_V's loss as
+// late new-path registration, an unreserved L when W landed (the LUs are unreserved until the
+// first promote), and a W the target accepted before P while K_V was not L's holder: LIO marks each
+// command with the holder's key when it accepts it, and PREEMPT AND ABORT aborts the commands
+// marked with the preempted key, so a write held from the unreserved window, from when V was a
+// member, or from before V re-keyed its holding nexus (a promote's REGISTER AND IGNORE EXISTING
+// KEY) is not aborted, and no protocol can abort it (docs/protocol.md, "Primary mode"). The new-path window's "V knows" reads K_V's loss as
 // the primary's monitor does (another holder, or K_V not registered) when K_V opened a gate as
 // the primary's, and as a member's (K_V not registered) otherwise.
 
@@ -399,6 +403,19 @@ bool opened_since_unfence(const Run& run, std::uint16_t node, std::uint64_t key,
   return opened;
 }
 
+// The holder of a write's LU when the target accepted the write (passed its checks), which is the
+// key LIO marks a held command with and PREEMPT AND ABORT aborts by.
+std::optional<std::uint64_t> holder_when_accepted(const Run& run, const Replay& replayed,
+                                                  const WriteRecord& write) {
+  std::uint64_t after = 0;  // the first record after the acceptance
+  for (const PrOutRecord& record : run.target->prouts) {
+    if (record.lu == write.lu && record.at <= write.accepted_at) {
+      after = record.sequence + 1;
+    }
+  }
+  return replayed.holder_at(write.lu, after);
+}
+
 void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
   // (LU, victim node) -> the fencing removals, in target order.
   std::map<std::uint64_t, Time> opened;  // keys that opened a gate, and when they first did
@@ -442,7 +459,9 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
           issue->second.epoch() <= epoch_of_key(removal->key) &&
           !(shared(run) &&
             (unfenced_between(run, issue->second.node, removal->record->at, write.at) ||
-             !replayed.holder_at(write.lu, write.sequence))) &&
+             !replayed.holder_at(write.lu, write.sequence) ||
+             (run.primary && write.accepted_at < removal->record->at &&
+              holder_when_accepted(run, replayed, write) != removal->key))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);
         violations.push_back(
@@ -932,8 +951,8 @@ void check_s2_continuous(const Run& run, std::vector<Violation>& violations) {
 // order of the verify reads that opened their gates, have increasing epochs.
 // Shared mode: every member registers epoch 0 (docs/protocol.md, "Shared mode"), no key outranks
 // another and nothing takes the reservation by rank: S3 does not apply, --strict-epochs included.
-// Primary mode: the members' keys (epoch 0, registered by every unfence) are left out of (a); the
-// promotes are the acquisitions of (b) (the verify read is the one its Acquired event reports: a
+// Primary mode: every unfence draws a new epoch as a promote does, so (a) reads the members' keys
+// as it reads the promotes'; the promotes are the acquisitions of (b) (the verify read is the one its Acquired event reports: a
 // member's promote opens no gate), and (c) holds as it is. The strict order always applies: the
 // promotes' tokens, in the order of their verify reads, have strictly increasing epochs, so no two
 // gates ever open as the primary's with one epoch.
@@ -962,9 +981,6 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
         continue;
       }
       const Command& command = *step.command;
-      if (primary(run) && epoch_of_key(command.sa_key) == 0) {
-        continue;  // a member's key: every unfence registers epoch 0
-      }
       const std::uint32_t epoch = epoch_of_key(command.sa_key);
       if ((op_key != 0 && op_key == command.sa_key) ||
           (open_with != 0 && open_with == command.sa_key)) {

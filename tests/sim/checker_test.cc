@@ -2116,7 +2116,7 @@ History promote_after_promote(std::uint32_t epoch) {
 }
 
 // Racing promotes that drew one epoch: the second, of the higher node id, outranks the first and
-// takes over with the same epoch (README.md, "Known defects of primary mode", seed 70).
+// takes over with the same epoch (README.md, "Defects of primary mode", seed 70).
 TEST(CheckerPrimary, TwoPromotesWithOneEpochViolateS3) {
   History h = promote_after_promote(2);
   EXPECT_TRUE(fires(h, {"S3"}, "a promote's token with epoch 2 verified after one with epoch 2"));
