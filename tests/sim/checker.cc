@@ -333,9 +333,10 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // command with the holder's key when it accepts it, and PREEMPT AND ABORT aborts the commands
 // marked with the preempted key, so a write held from the unreserved window, from when V was a
 // member, or from before V re-keyed its holding nexus (a promote's REGISTER AND IGNORE EXISTING
-// KEY) is not aborted, and no protocol can abort it (docs/protocol.md, "Primary mode"). The new-path window's "V knows" reads K_V's loss as
-// the primary's monitor does (another holder, or K_V not registered) when K_V opened a gate as
-// the primary's, and as a member's (K_V not registered) otherwise.
+// KEY) is not aborted, and no protocol can abort it (docs/protocol.md, "Primary mode"). The
+// new-path window's "V knows" reads K_V's loss as the primary's monitor does (another holder, or
+// K_V not registered) when K_V opened a gate as the primary's, and as a member's (K_V not
+// registered) otherwise.
 
 // Primary mode: whether the key opened a gate as the primary's (which the monitor fences when it
 // is no longer the holder, as in exclusive mode), not as a member's.
@@ -952,10 +953,10 @@ void check_s2_continuous(const Run& run, std::vector<Violation>& violations) {
 // Shared mode: every member registers epoch 0 (docs/protocol.md, "Shared mode"), no key outranks
 // another and nothing takes the reservation by rank: S3 does not apply, --strict-epochs included.
 // Primary mode: every unfence draws a new epoch as a promote does, so (a) reads the members' keys
-// as it reads the promotes'; the promotes are the acquisitions of (b) (the verify read is the one its Acquired event reports: a
-// member's promote opens no gate), and (c) holds as it is. The strict order always applies: the
-// promotes' tokens, in the order of their verify reads, have strictly increasing epochs, so no two
-// gates ever open as the primary's with one epoch.
+// as it reads the promotes'; the promotes are the acquisitions of (b) (the verify read is the one
+// its Acquired event reports: a member's promote opens no gate), and (c) holds as it is. The strict
+// order always applies: the promotes' tokens, in the order of their verify reads, have strictly
+// increasing epochs, so no two gates ever open as the primary's with one epoch.
 void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
               std::vector<Violation>& violations) {
   if (shared(run) && !primary(run)) {

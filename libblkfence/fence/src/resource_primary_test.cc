@@ -58,7 +58,8 @@ class PrimaryTest : public ResourceTest {
 
 // Members register with epochs 1 and 2 and leave the LUs unreserved; A's promote reserves them
 // with epoch 3; B's promote preempts A's key (A's registrations go, the reservation moves to B with
-// epoch 4), and B was registered throughout. A's monitor sees the fence; B stays the primary, A a fenced node.
+// epoch 4), and B was registered throughout. A's monitor sees the fence; B stays the primary, A a
+// fenced node.
 TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   boot_members();
   ASSERT_EQ(members, (std::vector<Key>{key_of(kNodeA, 1), key_of(kNodeB, 2)}))
@@ -74,8 +75,8 @@ TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   EXPECT_EQ(a->resource->state(), State::kHeld);
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     EXPECT_EQ(holder_of(lu), first.value());
-    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{first.value(), first.value(),
-                                                       members[1].value()}));
+    EXPECT_EQ(keys_on(lu),
+              (std::vector<std::uint64_t>{first.value(), first.value(), members[1].value()}));
   }
   EXPECT_EQ(prouts_by(kNodeA, kPreempt), 0U) << "nobody held: RESERVE, no preempt";
   Outcome* again = a->unfence();
