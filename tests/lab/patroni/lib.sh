@@ -81,11 +81,30 @@ pgl_config() {
   fi
 }
 
-# pgl_bf_config NODE NODE_ID: NODE's blkfenced configuration, in tests/lab/daemon/lib.sh's layout
-# under $BF: resource "pg", mode "primary", over both LUs (every member's PGDATA) through NODE's
-# own nexuses; Patroni's hooks run as postgres, hence control_group.
+# pgl_fstab NODE: an /etc/fstab entry for NODE's file system (the guest's / is a tmpfs overlay), as
+# a production PGDATA has one: blkfence-patroni-rejoin mounts it again by its mount point.
+pgl_fstab() {
+  local dir dev
+  dir=/lab/pg/$(pgl_lower "$1")
+  dev=$(lab_dev "$1" "${pgl_lu[$1]}") || return 1
+  sed -i "\| $dir |d" /etc/fstab && printf '%s %s ext4 noatime 0 0\n' "$dev" "$dir" >>/etc/fstab
+}
+
+# pgl_hook_env NODE...: PGL_HOOK_ENV_NODE for each NODE, the environment its Patroni's hooks need to
+# reach NODE's blkfenced (read by pgl_patroni_start).
+pgl_hook_env() {
+  local node
+  for node in "$@"; do
+    mapfile -t "PGL_HOOK_ENV_$node" < <(printf '%s\n' "BLKFENCECTL=$BLKFENCECTL" "BLKFENCE_SOCKET=$BF/$node/run/control.sock")
+  done
+}
+
+# pgl_bf_config NODE NODE_ID [ON_FENCED]: NODE's blkfenced configuration, in tests/lab/daemon/lib.sh's
+# layout under $BF: resource "pg", mode "primary", over both LUs (every member's PGDATA) through
+# NODE's own nexuses; Patroni's hooks run as postgres, hence control_group. ON_FENCED is the TOML
+# value of on_fenced (default "none").
 pgl_bf_config() {
-  local node=$1 id=$2 dir=$BF/$1
+  local node=$1 id=$2 on_fenced=${3:-'"none"'} dir=$BF/$1
   mkdir -p "$dir/state" "$dir/run"
   cat >"$dir/blkfence.toml" <<TOML
 cluster = "lab"
@@ -102,7 +121,7 @@ preempt = "preempt"
 check_interval = "500ms"
 lease = "3s"
 command_timeout = "2s"
-on_fenced = "none"
+on_fenced = $on_fenced
 TOML
 }
 
