@@ -2,7 +2,8 @@
 // resource_test_bench.h: members register and never reserve; promote preempts the old primary's
 // key only, draws a higher epoch, and keeps the promoting member registered throughout; a cancelled
 // promote or acquire sends no PREEMPT; a failed promote leaves a member a member; a restarted
-// primary is adopted as the primary.
+// primary is adopted as the primary; the primary's release keeps the reservation, and a fenced
+// primary rejoins with a new epoch.
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -105,6 +106,49 @@ TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   // A fenced node is not re-registered by its own monitor (S5).
   (void)run_until([] { return false; }, 4 * kCheckInterval);
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{second.value()}));
+}
+
+// The primary's release keeps its key holding every LU (gate closed), so the LUs are never left
+// unreserved and its epoch stays on them: the next promote draws above it and preempts it.
+TEST_F(PrimaryTest, ThePrimarysReleaseKeepsTheReservation) {
+  boot_members();
+  const Key first = promoted(*a);
+  Outcome* released = a->release();
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  ASSERT_TRUE(released->result->has_value()) << released->result->error().message();
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), first.value()) << "a RELEASE would leave LU " << lu << " unreserved";
+  }
+  const Key second = promoted(*b);
+  EXPECT_GT(second.epoch(), first.epoch());
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), second.value());
+  }
+}
+
+// The fenced old primary rejoins by unfence with a new epoch above every key on the LUs (never
+// epoch 0, which a holding nexus would carry onto the reservation); the primary keeps holding.
+TEST_F(PrimaryTest, AFencedPrimaryRejoinsWithANewEpoch) {
+  boot_members();
+  const Key first = promoted(*a);
+  const Key second = promoted(*b);
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  Outcome* rejoined = a->unfence();
+  ASSERT_TRUE(run_until([&] { return rejoined->done(); }));
+  ASSERT_TRUE(rejoined->result->has_value()) << rejoined->result->error().message();
+  const Key member = **rejoined->result;
+  EXPECT_EQ(member, key_of(kNodeA, second.epoch() + 1));
+  EXPECT_GT(member.epoch(), first.epoch());
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kUnfenced);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), second.value());
+    EXPECT_EQ(keys_on(lu),
+              (std::vector<std::uint64_t>{member.value(), member.value(), second.value()}));
+  }
+  EXPECT_EQ(b->resource->state(), State::kHeld);
 }
 
 TEST_F(PrimaryTest, OnlyPrimaryModePromotes) {
