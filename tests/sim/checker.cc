@@ -333,10 +333,12 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // command with the holder's key when it accepts it, and PREEMPT AND ABORT aborts the commands
 // marked with the preempted key, so a write held from the unreserved window, from when V was a
 // member, or from before V re-keyed its holding nexus (a promote's REGISTER AND IGNORE EXISTING
-// KEY) is not aborted, and no protocol can abort it (docs/protocol.md, "Primary mode"). The
-// new-path window's "V knows" reads K_V's loss as the primary's monitor does (another holder, or
-// K_V not registered) when K_V opened a gate as the primary's, and as a member's (K_V not
-// registered) otherwise.
+// KEY) is not aborted, and no protocol can abort it (docs/protocol.md, "Primary mode"). And a W
+// that lands while a key of V's node still holds L: a promote removes the old primary's other keys
+// before the holder's (docs/protocol.md), so V is fenced on L when the reservation leaves its
+// node, and until then W came through a nexus of V not preempted yet. The new-path window's "V
+// knows" reads K_V's loss as the primary's monitor does (another holder, or K_V not registered)
+// when K_V opened a gate as the primary's, and as a member's (K_V not registered) otherwise.
 
 // Primary mode: whether the key opened a gate as the primary's (which the monitor fences when it
 // is no longer the holder, as in exclusive mode), not as a member's.
@@ -417,6 +419,11 @@ std::optional<std::uint64_t> holder_when_accepted(const Run& run, const Replay& 
   return replayed.holder_at(write.lu, after);
 }
 
+// Primary mode: whether a key of the node holds the LU (the reservation has not left it yet).
+bool held_by_node(std::optional<std::uint64_t> holder, std::uint16_t node) {
+  return holder && node_of_key(*holder) == node;
+}
+
 void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
   // (LU, victim node) -> the fencing removals, in target order.
   std::map<std::uint64_t, Time> opened;  // keys that opened a gate, and when they first did
@@ -462,7 +469,9 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
             (unfenced_between(run, issue->second.node, removal->record->at, write.at) ||
              !replayed.holder_at(write.lu, write.sequence) ||
              (run.primary && write.accepted_at < removal->record->at &&
-              holder_when_accepted(run, replayed, write) != removal->key))) &&
+              holder_when_accepted(run, replayed, write) != removal->key) ||
+             (run.primary &&
+              held_by_node(replayed.holder_at(write.lu, write.sequence), issue->second.node)))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);
         violations.push_back(

@@ -2127,6 +2127,21 @@ TEST(CheckerPrimary, APromoteWithAHigherEpochIsNoViolation) {
   EXPECT_TRUE(fires(h, {}));
 }
 
+// The old primary's write that lands after the promote took the LU from its node's key is a
+// violation: the reading that excuses a write while a key of its node still holds the LU (the
+// promote removes the old primary's other keys first) does not reach past that moment.
+TEST(CheckerPrimary, TheOldPrimarysWriteLandingAfterThePromoteViolatesS1) {
+  History h = two_nodes(1);
+  h.run().mode = fence::Mode::kShared;
+  h.run().primary = true;
+  acquire(h, 1, 10ms, key_of(1, 2), "promote");
+  acquire(h, 2, 100ms, key_of(2, 3), "promote");
+  h.issue_write(10, 1, 0, 150ms);
+  h.land_write(10, 151ms);
+  fenced(h, 1, 200ms);
+  EXPECT_TRUE(fires(h, {"S1"}, "a write of node 1 stamped epoch 2 landed on LU 0 after node 2"));
+}
+
 // --- C1: a cancelled operation takes nothing after its cancel ---
 
 // Node 2's acquire is cancelled at `cancel_at`, after its REGISTERs (102 ms) and around its take
