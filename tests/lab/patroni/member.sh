@@ -14,7 +14,7 @@
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/daemon/lib.sh"
 . "$BLKFENCE_LAB_REPO/tests/lab/patroni/lib.sh"
-trap - EXIT  # daemon/lib.sh saves the daemons' logs on exit; the check does that, not this
+trap - EXIT  # tests/lab/daemon/lib.sh saves the daemons' logs on exit; the check does that
 action=${1:-} node=${2:-}
 [[ $node == A || $node == B ]] || { echo "usage: member.sh rejoin|stop|start A|B" >&2; exit 2; }
 x=$(pgl_lower "$node")
