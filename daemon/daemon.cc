@@ -23,6 +23,12 @@
 namespace blkfence::daemon {
 namespace {
 
+// The daemon's one clock, for the lease, the checks and the callers' deadlines: CLOCK_BOOTTIME
+// goes on while the machine is suspended, where CLOCK_MONOTONIC stops. After a resume the lease
+// has run for the whole suspend, the checks are due at once, and no gate is reported open on a
+// check older than the lease (docs/protocol.md, "Lease").
+constexpr clockid_t kClock = CLOCK_BOOTTIME;
+
 LogFields fields_of(const fence::Resource& resource, std::string_view message_id = {},
                     std::string device = {}) {
   const auto key = resource.key();
@@ -171,7 +177,7 @@ Daemon::~Daemon() {
 
 pr::Time Daemon::now() const {
   timespec ts{};
-  (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+  (void)clock_gettime(kClock, &ts);
   return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
 }
 
@@ -179,8 +185,7 @@ int Daemon::run() {
   int r = sd_event_add_io(event_, &transport_source_, transport_->poll_fd(), EPOLLIN,
                           &Daemon::on_transport, this);
   if (r >= 0) {
-    r = sd_event_add_time(event_, &timer_source_, CLOCK_MONOTONIC, UINT64_MAX, 0, &Daemon::on_timer,
-                          this);
+    r = sd_event_add_time(event_, &timer_source_, kClock, UINT64_MAX, 0, &Daemon::on_timer, this);
   }
   if (r >= 0) {
     r = sd_event_add_post(event_, &post_source_, &Daemon::on_post, this);
@@ -473,7 +478,7 @@ ResourceStatus Daemon::status_of(const fence::Resource& resource) const {
   status.name = resource.name();
   status.mode = std::string(fence::mode_name(resource.options()));
   status.state = std::string(fence::to_string(resource.state()));
-  status.gate_open = resource.gate_open();
+  status.gate_open = resource.gate_open_at(now());
   if (const auto key = resource.key()) {
     status.key = key->value();
     status.epoch = key->epoch();
@@ -683,7 +688,7 @@ void Daemon::handle_resource(ClientId client, const Request& request, fence::Res
   switch (request.op) {
     case Op::kGate: {
       const auto key = resource.key();
-      const bool open = resource.gate_open();
+      const bool open = resource.gate_open_at(now());
       control_->send(client,
                      encode_ok(request.id, {{"open", open},
                                             {"token", open && key ? nlohmann::json(key->to_string())
@@ -709,13 +714,12 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
   pending->resource = resource.name();
   if (request.timeout) {
     std::uint64_t now_usec = 0;
-    (void)sd_event_now(event_, CLOCK_MONOTONIC, &now_usec);
+    (void)sd_event_now(event_, kClock, &now_usec);
     const auto usec = std::chrono::duration_cast<std::chrono::microseconds>(*request.timeout);
     // The timer holds a reference to pending until it fires or the operation answers.
     auto* holder = new std::shared_ptr<Pending>(pending);
     const int r = sd_event_add_time(
-        event_, &pending->timer, CLOCK_MONOTONIC,
-        now_usec + static_cast<std::uint64_t>(usec.count()), 0,
+        event_, &pending->timer, kClock, now_usec + static_cast<std::uint64_t>(usec.count()), 0,
         [](sd_event_source*, std::uint64_t, void* userdata) -> int {
           auto* p = static_cast<std::shared_ptr<Pending>*>(userdata);
           Pending& waiting = **p;

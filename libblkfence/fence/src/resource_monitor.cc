@@ -36,6 +36,13 @@ void Resource::on_time(Time now) {
   }
 }
 
+bool Resource::gate_open_at(Time now) const {
+  if (mutant::kNoLease) {
+    return gate_open_;
+  }
+  return gate_open_ && last_success_ && now - *last_success_ < options_.lease;
+}
+
 std::optional<Time> Resource::next_wake() const {
   std::optional<Time> wake;
   if (op_ == Op::kNone && !check_in_flight_ && next_check_) {

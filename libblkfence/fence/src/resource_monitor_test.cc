@@ -64,6 +64,20 @@ TEST_F(ResourceTest, LostContactClosesTheGateAfterTheLeaseAndReopensForASoleHold
   EXPECT_EQ(a->recorder.count(EventKind::kContactRestored), 1U);
 }
 
+// A resume from suspend, or a loop stalled past the lease: time has jumped and on_time() has not
+// run yet, so gate_open() still says open. What a caller is told (gate_open_at) is already closed:
+// the last successful check is as old as the lease.
+TEST_F(ResourceTest, TheGateIsNotReportedOpenOnceTheLastCheckIsAsOldAsTheLease) {
+  a->boot(a->options());
+  acquired(*a);
+  run_for(milliseconds(230));
+  const Time checked = *a->resource->last_success();
+  EXPECT_TRUE(a->resource->gate_open_at(checked + kLease - std::chrono::nanoseconds(1)));
+  EXPECT_FALSE(a->resource->gate_open_at(checked + kLease));
+  EXPECT_FALSE(a->resource->gate_open_at(checked + 10 * kLease));
+  EXPECT_TRUE(a->resource->gate_open()) << "the loop has not run past the lease: still open inside";
+}
+
 // S2: in lost contact, a check that completes a lease or more after it was issued does not reopen
 // the gate, even though it shows our key as the sole holder: the gate would open with its lease
 // already over (and close again in the same instant). A later prompt round reopens it. The lease

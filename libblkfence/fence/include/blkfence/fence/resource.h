@@ -181,6 +181,10 @@ class Resource {
   const std::string& name() const { return options_.name; }
   State state() const { return state_; }
   bool gate_open() const { return gate_open_; }
+  // What a caller may be told at `now`: the gate is open and its last successful check is
+  // younger than the lease. Between a resume from suspend (or a stalled loop) and the next
+  // on_time(), gate_open() still says open; this does not.
+  bool gate_open_at(Time now) const;
   std::optional<Key> key() const { return key_; }
   std::uint32_t epoch_high_water() const { return high_water_; }
   const std::vector<LuView>& lus() const { return views_; }
