@@ -7,12 +7,15 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-device.h>
 #include <systemd/sd-event.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "blkfence/codec/prin.h"
 #include "blkfence/pr/client.h"
@@ -75,6 +78,37 @@ Result<void> make_dir(const std::string& path, mode_t mode) {
   return {};
 }
 
+// run_dir/blkfenced.lock, locked (flock) for the daemon's lifetime and holding its pid: one daemon
+// per run_dir. The lock goes with the process, however it ends.
+Result<UniqueFd> lock_run_dir(const std::string& run_dir) {
+  const std::string path = run_dir + "/blkfenced.lock";
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!fd.valid()) {
+    return tl::unexpected(Error::os(errno, "open " + path));
+  }
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) {
+      return tl::unexpected(Error::os(errno, "lock " + path));
+    }
+    char text[32] = {};
+    const ssize_t got = ::pread(fd.get(), text, sizeof text - 1, 0);
+    std::string holder(text, got > 0 ? static_cast<std::size_t>(got) : 0);
+    while (!holder.empty() && holder.back() == '\n') {
+      holder.pop_back();
+    }
+    return fail(ErrorCode::kBusy, "another blkfenced" +
+                                      (holder.empty() ? "" : " (pid " + holder + ")") +
+                                      " already runs on " + run_dir + " (" + path +
+                                      " is locked); one daemon per run_dir");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd.get(), 0) != 0 ||
+      ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    return tl::unexpected(Error::os(errno, "write " + path));
+  }
+  return fd;
+}
+
 }  // namespace
 
 Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resource,
@@ -102,6 +136,13 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
   if (auto made = make_dir(c.run_dir, 0755); !made) {
     return tl::unexpected(made.error());
   }
+  // Before anything in run_dir is touched: a second daemon would remove the first one's tokens and
+  // take its control socket.
+  auto locked = lock_run_dir(c.run_dir);
+  if (!locked) {
+    return tl::unexpected(locked.error());
+  }
+  daemon->run_lock_ = std::move(*locked);
   if (const int r = sd_event_default(&daemon->event_); r < 0) {
     return tl::unexpected(Error::os(-r, "sd_event_default"));
   }
@@ -190,7 +231,7 @@ int Daemon::run() {
   if (r >= 0) {
     r = sd_event_add_post(event_, &post_source_, &Daemon::on_post, this);
   }
-  for (const int signal : {SIGTERM, SIGINT}) {
+  for (const int signal : {SIGTERM, SIGINT, SIGHUP}) {
     sd_event_source* source = nullptr;
     if (r >= 0) {
       r = sd_event_add_signal(event_, &source, signal, &Daemon::on_signal, this);
@@ -245,6 +286,14 @@ int Daemon::on_post(sd_event_source*, void* self) {
 }
 
 int Daemon::on_signal(sd_event_source* source, const ::signalfd_siginfo* info, void*) {
+  if (info->ssi_signo == SIGHUP) {
+    // Conventionally "reload"; a fencing daemon must not end on it. Nothing is reloaded: a
+    // resource's LUs, mode and key cannot change under a running protocol.
+    log(Priority::kNotice,
+        "SIGHUP ignored: blkfenced does not reload its configuration; restart it to apply a "
+        "change (the gates close for the restart, and the holder adopts its key again)");
+    return 0;
+  }
   log(Priority::kInfo, std::string("stopping on ") + strsignal(static_cast<int>(info->ssi_signo)) +
                            "; gates close, reservations stay (a restart adopts them)");
   return sd_event_exit(sd_event_source_get_event(source), 0);
@@ -349,19 +398,13 @@ void Daemon::feed_watchdog() {
   if (watchdog_usec_ == 0) {
     return;
   }
-  // WATCHDOG=1 only while every resource has read its LUs recently: a daemon that cannot reach
-  // its storage, or whose loop is stuck, is restarted by systemd (docs/design.md §6).
+  // WATCHDOG=1 whenever the loop turns, at least every quarter of WatchdogSec: it proves the event
+  // loop alive, nothing more. Storage that does not answer is not a reason to restart: the
+  // resource reports lost contact with its gate closed, and a restart loop would end in systemd
+  // giving up on the daemon altogether (systemd/README.md).
   const pr::Time t = now();
   if (t - last_watchdog_ < std::chrono::microseconds(watchdog_usec_ / 4)) {
     return;
-  }
-  for (const auto& resource : resources_) {
-    const auto& options = resource->options();
-    const auto fresh = std::max(options.lease, 3 * options.check_interval);
-    const auto read = resource->last_read_ok();
-    if (!read || t - *read > fresh) {
-      return;
-    }
   }
   last_watchdog_ = t;
   (void)sd_notify(0, "WATCHDOG=1");

@@ -23,6 +23,7 @@
 #include "blkfence/pr/discovery.h"
 #include "blkfence/pr/engine.h"
 #include "blkfence/transport/transport.h"
+#include "blkfence/unique_fd.h"
 
 #include "config.h"
 #include "control_server.h"
@@ -97,6 +98,7 @@ class Daemon final : public fence::Observer, public ControlHandler {
   void broadcast(Event event, const fence::Resource& resource);
 
   Config config_;
+  UniqueFd run_lock_;  // run_dir/blkfenced.lock, flock()ed: one daemon per run_dir
   sd_event* event_ = nullptr;
   sd_event_source* transport_source_ = nullptr;
   sd_event_source* timer_source_ = nullptr;

@@ -44,8 +44,9 @@ int run(int argc, char** argv) {
   app.add_flag("--debug", debug, "log debug records too");
   app.set_version_flag("--version", "blkfenced 0.1.0");
   app.footer(
-      "Exit status: 0 stopped by SIGTERM/SIGINT; 1 runtime failure (devices, sockets); 78 bad\n"
-      "configuration (the message names the file, line and key).\n"
+      "Exit status: 0 stopped by SIGTERM/SIGINT; 1 runtime failure (devices, sockets, another\n"
+      "blkfenced on the same run_dir); 78 bad configuration (the message names the file, line\n"
+      "and key). SIGHUP is logged and ignored: nothing is reloaded.\n"
       "Files: /etc/blkfence/blkfence.toml, /run/blkfence/control.sock, /run/blkfence/*.token,\n"
       "/var/lib/blkfence/*.epoch (the highest epoch used per resource; never lower it).\n"
       "See docs/operations.md and docs/protocol.md.");
@@ -93,6 +94,7 @@ int run(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   sigaddset(&signals, SIGCHLD);
   sigprocmask(SIG_BLOCK, &signals, nullptr);
   (void)std::signal(SIGPIPE, SIG_IGN);

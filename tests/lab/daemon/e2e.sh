@@ -8,14 +8,15 @@
 #      on_fenced, and `run` kills the writer; no record of A's epoch written after B's acquisition
 #      is on the LU (S1); A never registers again on its own (S5);
 #   2. restarts: A's daemon restarted after the fence does not register (S5); B's daemon restarted
-#      while holding adopts its verified key, and the epoch never goes back (S3);
+#      while holding adopts its verified key, and the epoch never goes back (S3); B's daemon lives
+#      on through SIGHUP, and a second daemon on its run_dir refuses to start;
 #   3. B releases: its gate closes, its key keeps the reservation (a LU must never be left without
 #      one), and its restarted daemon does not adopt it; then A acquires from the released holder
 #      and ends as the only holder with the only open gate (racing acquires are left to the
 #      simulation and `stress/race_acquires.sh`: they can wedge LIO, see tests/lab/README.md);
 #   4. shared mode: A and B unfenced, A fences B, B's writes are refused and A's succeed;
 #   5. (iSCSI) the storage becomes unreachable (A's session is logged out): A's gate closes after
-#      the lease.
+#      the lease, and A's daemon, restarted with a watchdog, goes on feeding it (no restart loop).
 # With "mutant", A runs blkfenced_mutant_reregister (re-registers after a fence) and the check
 # passes only if step 1's S5 check catches it: A's key back on the LUs (B's daemon is stopped
 # before A resumes, so that no preempt meets the mutant's re-registrations; see below).
@@ -40,7 +41,7 @@ a_binary=$BLKFENCED
 lab_expect "A's daemon starts" bf_start A "$a_binary"
 lab_expect "B's daemon starts" bf_start B
 lab_expect_read "A's gate is closed at start" false bf_field A db gate_open
-lab_expect_eq "no token file on A" "$(ls "$BF/A/run")" "control.sock"
+lab_expect_eq "no token file on A (only its socket and lock)" "$(ls "$BF/A/run")" "$(printf "blkfenced.lock\ncontrol.sock")"
 
 # --- 1. failover ---------------------------------------------------------------------------------
 lab_expect "A acquires db" bf_ctl A acquire db --timeout 30s
@@ -173,6 +174,18 @@ lab_expect "B's daemon restarts" bf_start B
 lab_expect_key "restarted B adopts its verified key" "$key_b" bf_field B db key
 lab_expect_read "restarted B's gate is open" true bf_field B db gate_open
 lab_expect_key "restarted B's token file" "$key_b" cat "$BF/B/run/db.token"
+# SIGHUP is logged and ignored (it used to end the daemon); a second daemon on B's run_dir refuses
+# to start (run_dir/blkfenced.lock) and leaves the first one serving. `timeout`: a second daemon
+# that did start would run until killed, failing the check.
+b_pid=$(cat "$BF/B/pid")
+kill -HUP "$b_pid"
+lab_expect "B's daemon logs SIGHUP as ignored" bf_await_log B "SIGHUP ignored"
+lab_expect "B's daemon lives on after SIGHUP" bf_alive "$b_pid"
+second=$(timeout 20 "$BLKFENCED" --config "$BF/B/blkfence.toml" --log stderr 2>&1)
+lab_expect_eq "a second blkfenced on B's run_dir exits 1" "$?" 1
+lab_expect "... naming the running one (pid $b_pid)" grep -q "another blkfenced (pid $b_pid) already runs" <<<"$second"
+lab_expect_key "B's first daemon still serves, holding with its key" "$key_b" bf_field B db key
+lab_expect_key "... and B's token file is still there" "$key_b" cat "$BF/B/run/db.token"
 
 # --- 3. racing acquires --------------------------------------------------------------------------
 lab_expect "B releases db" bf_ctl B release db --timeout 30s
@@ -214,6 +227,14 @@ fi
 
 # --- 5. storage unreachable (iSCSI) --------------------------------------------------------------
 if [[ $LAB_FABRIC == iscsi ]]; then
+  # A's daemon again, now with a systemd-style watchdog (2 s): it must go on proving its loop alive
+  # while its storage is gone; a restart would not bring the storage back (systemd/README.md).
+  bf_stop A
+  python3 "$BLKFENCE_LAB_REPO/tests/lab/daemon/notify_listener.py" "$BF/A/notify.sock" "$BF/A/notify.log" &
+  listener=$!
+  lab_expect "A's notify socket is up" bf_await_file "$BF/A/notify.sock"
+  NOTIFY_SOCKET=$BF/A/notify.sock WATCHDOG_USEC=2000000 bf_start A
+  lab_expect_key "restarted A adopts its key" "$key_a2" bf_field A db key
   iscsiadm -m node -T "$lab_iscsi_target" -p 127.0.0.1:3260 -I lab-a --logout >/dev/null 2>&1
   t_drop=$EPOCHREALTIME
   lab_expect "A loses contact after the lease" bf_await A db state lost-contact 100
@@ -226,6 +247,12 @@ if [[ $LAB_FABRIC == iscsi ]]; then
     test "$lost_ms" -ge $((3000 - interval_ms - 1000)) -a "$lost_ms" -le $((3000 + 2000))
   lab_expect_read "A's gate is closed" false bf_field A db gate_open
   lab_expect "A's token file is gone" test ! -e "$BF/A/run/db.token"
+  # Pings after the gate closed: the loop is alive, so the watchdog is fed (one every 0.5 s).
+  lab_expect "A's daemon feeds the watchdog with its storage gone (3 pings after lost-contact)" \
+    bf_await_pings "$BF/A/notify.log" "$t_lost" 3
+  lab_log "watchdog pings from A after lost-contact: $(awk -v t="$t_lost" '$1 > t && $2 == "WATCHDOG=1"' "$BF/A/notify.log" | wc -l)"
+  lab_expect "A's daemon is alive" bf_alive "$(cat "$BF/A/pid")"
+  kill "$listener" 2>/dev/null
 fi
 
 bf_stop A

@@ -133,6 +133,41 @@ bf_await() {
   return 1
 }
 
+# bf_await_log NODE TEXT [TRIES]: waits until NODE's daemon log holds TEXT.
+bf_await_log() {
+  local node=$1 text=$2 tries=${3:-100} try
+  for ((try = 0; try < tries; try++)); do
+    grep -qF -- "$text" "$BF/$node/log" && return 0
+    sleep 0.1
+  done
+  echo "bf_await_log: '$text' is not in $BF/$node/log"
+  return 1
+}
+
+# bf_await_file PATH: waits (5 s at most) until PATH exists.
+bf_await_file() {
+  local try
+  for ((try = 0; try < 50; try++)); do
+    [[ -e $1 ]] && return 0
+    sleep 0.1
+  done
+  echo "bf_await_file: no $1"
+  return 1
+}
+
+# bf_await_pings LOG SINCE COUNT: waits (10 s at most) until LOG (notify_listener.py's) holds COUNT
+# WATCHDOG=1 lines stamped after SINCE (an EPOCHREALTIME).
+bf_await_pings() {
+  local log=$1 since=$2 want=$3 got=0 try
+  for ((try = 0; try < 100; try++)); do
+    got=$(awk -v t="$since" '$1 > t && $2 == "WATCHDOG=1"' "$log" | wc -l)
+    ((got >= want)) && return 0
+    sleep 0.1
+  done
+  echo "bf_await_pings: $got WATCHDOG=1 after $since in $log, wanted $want"
+  return 1
+}
+
 # bf_metric NODE SAMPLE: the value of one sample of NODE's metrics, e.g.
 # 'blkfence_strays_preempted_total{resource="db"}'. Fails when the metrics cannot be read or do not
 # hold the sample, or its value is not a number: a metric that cannot be read is not 0.
