@@ -42,6 +42,15 @@ LogFields fields_of(const fence::Resource& resource, std::string_view message_id
                    .message_id = message_id};
 }
 
+// The fields of a record about a resource that has no fence::Resource yet (it waits for devices).
+LogFields fields_of_name(const std::string& resource) {
+  return LogFields{.resource = resource,
+                   .key = std::nullopt,
+                   .epoch = std::nullopt,
+                   .device = {},
+                   .message_id = {}};
+}
+
 fence::Mode fence_mode(Mode mode) {
   return mode == Mode::kExclusive ? fence::Mode::kExclusive : fence::Mode::kShared;
 }
@@ -76,6 +85,19 @@ Result<void> make_dir(const std::string& path, mode_t mode) {
   }
   (void)::chmod(path.c_str(), mode);
   return {};
+}
+
+// A device the host does not have (yet): a path that does not exist, or a WWN that no SCSI device
+// of this host reports. Anything else (a partition, not a SCSI device) is a configuration error.
+bool absent(const Error& error) {
+  return error.code() == ErrorCode::kOs && error.errno_value() == ENOENT;
+}
+
+// What a waiting resource waits for: resolve_devices()'s message without its "resource NAME: ".
+std::string missing_device(const Error& error, const std::string& resource) {
+  std::string text = error.message();
+  const std::string prefix = "resource " + resource + ": ";
+  return text.starts_with(prefix) ? text.substr(prefix.size()) : text;
 }
 
 // run_dir/blkfenced.lock, locked (flock) for the daemon's lifetime and holding its pid: one daemon
@@ -114,6 +136,11 @@ Result<UniqueFd> lock_run_dir(const std::string& run_dir) {
 Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resource,
                                                      const pr::DiscoveryEnv& env) {
   auto lus = pr::discover(resource.devices, env);
+  if (!lus && lus.error().errno_value() != 0) {
+    // Keeps the errno: ENOENT is a device this host does not have yet (see absent()).
+    return tl::unexpected(Error::os(lus.error().errno_value(),
+                                    "resource " + resource.name + ": " + lus.error().where()));
+  }
   if (!lus) {
     return fail(lus.error().code(), "resource " + resource.name + ": " + lus.error().message());
   }
@@ -164,28 +191,22 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
 
   const auto env = pr::system_discovery_env();
   for (const auto& resource : c.resources) {
+    // The gate is closed until the protocol says otherwise, whatever a previous run left.
+    daemon->gate_->close(resource.name);
     auto lus = resolve_devices(resource, env);
+    if (!lus && absent(lus.error())) {
+      // A LU not visible yet (an iSCSI login still to come): the resource waits with its gate
+      // closed, and its devices are resolved again on device events (Daemon::rescan).
+      std::string missing = missing_device(lus.error(), resource.name);
+      log(Priority::kWarning, "resource " + resource.name + " waits for its devices: " + missing,
+          fields_of_name(resource.name));
+      daemon->waiting_[resource.name] = std::move(missing);
+      continue;
+    }
     if (!lus) {
       return tl::unexpected(lus.error());
     }
-    // The gate is closed until the protocol says otherwise, whatever a previous run left.
-    daemon->gate_->close(resource.name);
-    fence::ResourceOptions options{
-        .name = resource.name,
-        .lus = std::move(*lus),
-        .mode = fence_mode(resource.mode),
-        .type = resource.type,
-        .preempt_abort = resource.preempt_abort,
-        .primary = resource.mode == Mode::kPrimary,
-        .cluster_id = fence::cluster_id_from_name(c.cluster),
-        .node_id = c.node_id,
-        .check_interval = resource.check_interval,
-        .lease = resource.lease,
-        .keys_every = resource.keys_every,
-        .verify_rounds_max = 3,
-    };
-    daemon->resources_.push_back(std::make_unique<fence::Resource>(
-        std::move(options), *daemon->engine_, *daemon->epochs_, *daemon));
+    daemon->add_resource(resource, std::move(*lus));
   }
 
   auto control = ControlServer::make(daemon->event_, c.run_dir + "/control.sock", *daemon);
@@ -194,6 +215,25 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
   }
   daemon->control_ = std::move(*control);
   return daemon;
+}
+
+void Daemon::add_resource(const ResourceConfig& resource, std::vector<pr::LogicalUnit> lus) {
+  fence::ResourceOptions options{
+      .name = resource.name,
+      .lus = std::move(lus),
+      .mode = fence_mode(resource.mode),
+      .type = resource.type,
+      .preempt_abort = resource.preempt_abort,
+      .primary = resource.mode == Mode::kPrimary,
+      .cluster_id = fence::cluster_id_from_name(config_.cluster),
+      .node_id = config_.node_id,
+      .check_interval = resource.check_interval,
+      .lease = resource.lease,
+      .keys_every = resource.keys_every,
+      .verify_rounds_max = 3,
+  };
+  resources_.push_back(
+      std::make_unique<fence::Resource>(std::move(options), *engine_, *epochs_, *this));
 }
 
 Daemon::~Daemon() {
@@ -254,6 +294,9 @@ int Daemon::run() {
                            std::string(transport_->name()));
   for (const auto& resource : resources_) {
     resource->start(started_);
+  }
+  if (!waiting_.empty()) {
+    rescan_at_ = started_ + kWaitingRetry;
   }
   schedule();
   r = sd_event_loop(event_);
@@ -355,12 +398,35 @@ void Daemon::rescan() {
       resource->update_paths(i, std::move((*found)[0].paths), t);
     }
   }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    const ResourceConfig* config = config_of(it->first);
+    auto lus = resolve_devices(*config, env);
+    if (!lus) {
+      if (std::string missing = missing_device(lus.error(), it->first); missing != it->second) {
+        log(Priority::kWarning,
+            "resource " + it->first + " still waits for its devices: " + missing,
+            fields_of_name(it->first));
+        it->second = std::move(missing);
+      }
+      ++it;
+      continue;
+    }
+    log(Priority::kNotice, "resource " + it->first + ": its devices appeared; reading its LUs",
+        fields_of_name(it->first));
+    add_resource(*config, std::move(*lus));
+    it = waiting_.erase(it);
+    // As every resource at start-up: it reads its LUs and decides (adopts its key, or not).
+    resources_.back()->start(t);
+  }
 }
 
 void Daemon::tick() {
   const pr::Time t = now();
   if (rescan_at_ && *rescan_at_ <= t) {
     rescan();
+  }
+  if (!waiting_.empty() && !rescan_at_) {
+    rescan_at_ = t + kWaitingRetry;
   }
   engine_->on_time(t);
   for (const auto& resource : resources_) {
@@ -411,16 +477,20 @@ void Daemon::feed_watchdog() {
 }
 
 void Daemon::notify_status() {
-  std::string status = "STATUS=";
-  for (std::size_t i = 0; i < resources_.size(); ++i) {
-    const auto& resource = *resources_[i];
-    status += (i == 0 ? "" : "; ") + resource.name() + ": " +
-              std::string(fence::to_string(resource.state()));
-    if (resource.gate_open() && resource.key()) {
-      status += " " + resource.key()->to_string();
+  std::string line;
+  for (const auto& resource : resources_) {
+    line += (line.empty() ? "" : "; ") + resource->name() + ": " +
+            std::string(fence::to_string(resource->state()));
+    if (resource->gate_open() && resource->key()) {
+      line += " " + resource->key()->to_string();
     }
   }
-  (void)sd_notify(0, status.c_str());
+  for (const auto& [name, why] : waiting_) {
+    line += (line.empty() ? "" : "; ") + name + ": waiting for its devices";
+  }
+  (void)sd_notify(0, ("STATUS=" + line).c_str());
+  // A waiting resource does not hold READY back: its LU may come hours later (or never), and its
+  // gate is closed meanwhile, which is what units ordered after blkfenced need to know.
   if (!ready_sent_ && std::all_of(resources_.begin(), resources_.end(),
                                   [](const auto& r) { return r->state_known(); })) {
     ready_sent_ = true;
@@ -438,6 +508,16 @@ const ResourceConfig* Daemon::config_of(const std::string& name) const {
     }
   }
   return nullptr;
+}
+
+ResourceStatus Daemon::waiting_status(const std::string& name) const {
+  ResourceStatus status;
+  status.name = name;
+  const ResourceConfig* config = config_of(name);
+  status.mode = std::string(to_string(config->mode));
+  status.state = "unknown";
+  status.detail = "waiting for its devices: " + waiting_.at(name);
+  return status;
 }
 
 fence::Resource* Daemon::find(const std::string& name) {
@@ -685,21 +765,33 @@ void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
   fence::Resource* resource = nullptr;
   if (!request.resource.empty()) {
     resource = find(request.resource);
-    if (resource == nullptr) {
+    if (const auto it = waiting_.find(request.resource);
+        it != waiting_.end() && request.op != Op::kStatus && request.op != Op::kWatch) {
+      reply_error(client, request.id, ReplyError::kDevice,
+                  "resource " + request.resource + " waits for its devices: " + it->second);
+      return;
+    }
+    if (resource == nullptr && !waiting_.contains(request.resource)) {
       std::string names;
-      for (const auto& r : resources_) {
-        names += (names.empty() ? "" : ", ") + r->name();
+      for (const auto& r : config_.resources) {
+        names += (names.empty() ? "" : ", ") + r.name;
       }
       reply_error(client, request.id, ReplyError::kUnknownResource,
                   "no resource named \"" + request.resource + "\" (configured: " + names + ")");
       return;
     }
   }
+  // In the configuration's order, waiting resources included.
   const auto statuses = [&] {
     nlohmann::json list = nlohmann::json::array();
-    for (const auto& r : resources_) {
-      if (resource == nullptr || resource == r.get()) {
+    for (const auto& configured : config_.resources) {
+      if (!request.resource.empty() && request.resource != configured.name) {
+        continue;
+      }
+      if (const fence::Resource* r = find(configured.name)) {
         list.push_back(to_json(status_of(*r)));
+      } else if (waiting_.contains(configured.name)) {
+        list.push_back(to_json(waiting_status(configured.name)));
       }
     }
     return list;

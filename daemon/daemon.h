@@ -76,6 +76,9 @@ class Daemon final : public fence::Observer, public ControlHandler {
 
   // How long after a device event the configured names are resolved again.
   static constexpr std::chrono::milliseconds kRescanDelay{200};
+  // How often the devices of a waiting resource are looked for without a device event (udev's
+  // events are the usual trigger; this covers a missed one, or no udev at all).
+  static constexpr std::chrono::seconds kWaitingRetry{5};
 
   pr::Time now() const;
   void tick();
@@ -85,7 +88,9 @@ class Daemon final : public fence::Observer, public ControlHandler {
   void watch_devices();
   void rescan();
 
+  void add_resource(const ResourceConfig& resource, std::vector<pr::LogicalUnit> lus);
   fence::Resource* find(const std::string& name);
+  ResourceStatus waiting_status(const std::string& name) const;
   const ResourceConfig* config_of(const std::string& name) const;
   ResourceStatus status_of(const fence::Resource& resource) const;
   std::string metrics_text() const;
@@ -111,6 +116,9 @@ class Daemon final : public fence::Observer, public ControlHandler {
   std::unique_ptr<fence::EpochStore> epochs_;
   std::unique_ptr<Gate> gate_;
   std::vector<std::unique_ptr<fence::Resource>> resources_;
+  // Resources whose devices this host does not have yet, and why: no fence::Resource until they
+  // resolve (Daemon::rescan), gate closed, state "unknown" in status.
+  std::map<std::string, std::string> waiting_;
   std::unique_ptr<ControlServer> control_;
   std::map<ClientId, std::string> watchers_;  // client -> resource ("" for all)
   // The running acquire or promote of each resource, and whose: cancelled when its caller

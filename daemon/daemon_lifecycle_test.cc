@@ -1,7 +1,11 @@
 // Proves what keeps one blkfenced per node sane across its life (daemon.cc): a second daemon on the
 // same run_dir refuses to start, names the first one's pid, and leaves the first one's control
-// socket serving; once the first is gone the run_dir is free again. A real Daemon without
-// resources, as in daemon_control_test.cc: no device is needed.
+// socket serving; once the first is gone the run_dir is free again. A resource whose device the
+// host does not have yet waits (state unknown, gate closed) instead of stopping the start. A real
+// Daemon without resources, as in daemon_control_test.cc: no device is needed.
+#include <filesystem>
+#include <fstream>
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -71,6 +75,78 @@ TEST_F(DaemonLifecycleTest, ASecondDaemonOnTheSameRunDirRefusesAndTheFirstGoesOn
   auto third = Daemon::make(config_in(dir_));
   EXPECT_TRUE(third) << "the run_dir stays locked after its daemon is gone: "
                      << third.error().message();
+}
+
+// The reply to one request line on a fresh connection.
+control::Reply ask(sd_event* event, const std::string& socket, const control::Request& request) {
+  RawClient client(event, socket);
+  client.write(control::encode_request(request));
+  const auto line = client.read_line();
+  if (!line) {
+    ADD_FAILURE() << "no reply";
+    return {};
+  }
+  auto reply = control::parse_reply(*line);
+  if (!reply) {
+    ADD_FAILURE() << "unreadable reply " << *line;
+    return {};
+  }
+  return *reply;
+}
+
+// A LU this host does not have yet (an iSCSI login still to come at boot) is not a configuration
+// error: the daemon starts, the resource waits in state unknown with its gate closed, status says
+// what it waits for, and an operation on it is refused with that reason. (That it is picked up
+// when the device appears is proven in the lab: tests/lab/daemon/e2e.sh, iSCSI.)
+TEST_F(DaemonLifecycleTest, AResourceWhoseDeviceIsMissingWaitsInsteadOfStoppingTheDaemon) {
+  Config config = config_in(dir_);
+  const std::string missing = dir_ / "no-such-lu";
+  ResourceConfig pgdata;
+  pgdata.name = "pgdata";
+  pgdata.devices = {missing};
+  config.resources.push_back(pgdata);
+  auto daemon = Daemon::make(std::move(config));
+  ASSERT_TRUE(daemon) << daemon.error().message();
+  ASSERT_GE(sd_event_default(&event_), 0);
+  const std::string socket = dir_ / "run/control.sock";
+
+  const auto status =
+      ask(event_, socket,
+          {.id = 1, .op = control::Op::kStatus, .resource = "pgdata", .node = {}, .timeout = {}});
+  ASSERT_TRUE(status.ok) << status.body.dump();
+  ASSERT_EQ(status.body["resources"].size(), 1U) << status.body.dump();
+  const auto& shown = status.body["resources"][0];
+  EXPECT_EQ(shown["name"], "pgdata");
+  EXPECT_EQ(shown["state"], "unknown");
+  EXPECT_EQ(shown["gate_open"], false);
+  EXPECT_NE(shown["detail"].get<std::string>().find("waiting for its devices: " + missing),
+            std::string::npos)
+      << shown.dump();
+
+  const auto acquire =
+      ask(event_, socket,
+          {.id = 2, .op = control::Op::kAcquire, .resource = "pgdata", .node = {}, .timeout = {}});
+  ASSERT_FALSE(acquire.ok);
+  ASSERT_TRUE(acquire.error);
+  EXPECT_EQ(acquire.error->code, control::ReplyError::kDevice);
+  EXPECT_NE(acquire.error->message.find("pgdata waits for its devices: " + missing),
+            std::string::npos)
+      << acquire.error->message;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "run/pgdata.token"));
+}
+
+// Anything else wrong with a device is still a configuration error: a file that is not a device.
+TEST_F(DaemonLifecycleTest, ADeviceThatIsNotADeviceStillStopsTheStart) {
+  Config config = config_in(dir_);
+  const std::string file = dir_ / "not-a-device";
+  { std::ofstream(file) << "x"; }
+  ResourceConfig pgdata;
+  pgdata.name = "pgdata";
+  pgdata.devices = {file};
+  config.resources.push_back(pgdata);
+  auto daemon = Daemon::make(std::move(config));
+  ASSERT_FALSE(daemon);
+  EXPECT_EQ(daemon.error().code(), ErrorCode::kInvalidArgument) << daemon.error().message();
 }
 
 }  // namespace

@@ -145,10 +145,10 @@ Result<std::vector<ResolvedPath>> resolve_wwn(const std::string& wwn, const Disc
     paths.push_back(std::move(*path));
   }
   if (paths.empty()) {
-    return fail(ErrorCode::kInvalidArgument,
-                wwn +
-                    ": no SCSI device of this host has this WWN (is the target logged in? see "
-                    "'lsscsi -i' or /dev/disk/by-id/wwn-*)");
+    // ENOENT, as for a device path that does not exist: the LU may appear later (a login).
+    return tl::unexpected(
+        Error::os(ENOENT, wwn + ": no SCSI device of this host has this WWN (is the target logged "
+                                "in? see 'lsscsi -i' or /dev/disk/by-id/wwn-*)"));
   }
   return paths;
 }

@@ -127,6 +127,9 @@ TEST_F(FakeSysfs, AWwnNamesEveryPathOfThisHostToTheLu) {
   ASSERT_FALSE(missing.has_value());
   EXPECT_NE(missing.error().message().find("no SCSI device of this host has this WWN"),
             std::string::npos);
+  // Absent, as a missing device path is: blkfenced waits for it instead of refusing to start.
+  EXPECT_EQ(missing.error().code(), ErrorCode::kOs);
+  EXPECT_EQ(missing.error().errno_value(), ENOENT);
 }
 
 TEST_F(FakeSysfs, MultipathMapYieldsItsSlaves) {

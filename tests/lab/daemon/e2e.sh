@@ -16,7 +16,9 @@
 #      simulation and `stress/race_acquires.sh`: they can wedge LIO, see tests/lab/README.md);
 #   4. shared mode: A and B unfenced, A fences B, B's writes are refused and A's succeed;
 #   5. (iSCSI) the storage becomes unreachable (A's session is logged out): A's gate closes after
-#      the lease, and A's daemon, restarted with a watchdog, goes on feeding it (no restart loop).
+#      the lease, and A's daemon, restarted with a watchdog, goes on feeding it (no restart loop);
+#      restarted while its LUs are gone, A's daemon waits for them and adopts its key once the
+#      session logs in again.
 # With "mutant", A runs blkfenced_mutant_reregister (re-registers after a fence) and the check
 # passes only if step 1's S5 check catches it: A's key back on the LUs (B's daemon is stopped
 # before A resumes, so that no preempt meets the mutant's re-registrations; see below).
@@ -253,10 +255,27 @@ if [[ $LAB_FABRIC == iscsi ]]; then
   lab_log "watchdog pings from A after lost-contact: $(awk -v t="$t_lost" '$1 > t && $2 == "WATCHDOG=1"' "$BF/A/notify.log" | wc -l)"
   lab_expect "A's daemon is alive" bf_alive "$(cat "$BF/A/pid")"
   kill "$listener" 2>/dev/null
+  # A LU missing when the daemon starts (a session not logged in yet, as at boot) is a resource
+  # waiting for its devices, not a daemon that refuses to start; the login brings it in. The sg
+  # nodes come back with their numbers: the kernel gives A's LUs, scanned in LUN order, the lowest
+  # free minors, which are the ones they had.
+  bf_stop A
+  "$BLKFENCED" --config "$BF/A/blkfence.toml" --log stderr >>"$BF/A/log" 2>&1 &
+  echo $! >"$BF/A/pid"
+  lab_expect "A's daemon starts without its LUs: db waits for its devices" bf_await_log A "resource db waits for its devices"
+  lab_expect_eq "A's db is unknown with its gate closed" "$(bf_field A db state)/$(bf_field A db gate_open)" unknown/false
+  lab_expect "... and its status says what it waits for" grep -q "waiting for its devices: resource\|waiting for its devices: /dev/sg" <<<"$(bf_field A db detail)"
+  error=$(bf_ctl A acquire db --timeout 10s 2>&1) && error="the acquire succeeded"
+  lab_expect "an acquire of the waiting db is refused, saying why" grep -q "db waits for its devices" <<<"$error"
+  t_login=$EPOCHREALTIME
+  iscsiadm -m node -T "$lab_iscsi_target" -p 127.0.0.1:3260 -I lab-a --login >/dev/null
+  lab_expect "once A's session is back, db resolves and A adopts its key" bf_await A db key "$key_a2" 300
+  lab_log "A's db resolved and adopted $(awk -v a="$t_login" -v b="$EPOCHREALTIME" 'BEGIN { printf "%d", (b - a) * 1000 }') ms after the login began"
+  lab_expect_read "A's gate is open again" true bf_field A db gate_open
+  lab_expect_key "A's key holds LU $first_lu (read through A's new path)" "$key_a2" lab_holder_key "$(lab_dev A "$first_lu" sg)"
 fi
 
 bf_stop A
 bf_stop B
-# Through B: over iSCSI, step 5 logged A's session out.
 lab_expect "the LUs are cleared" bf_clear --via B $db_lus $shared_lu
 lab_done

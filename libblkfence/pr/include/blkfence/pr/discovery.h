@@ -49,7 +49,8 @@ DiscoveryEnv system_discovery_env();
 
 // Resolves every name and groups the paths by LU, in the order the LUs were first named. Naming
 // the same path twice (e.g. by sd and by sg) lists it once. Fails on the first name that is
-// missing, not a SCSI device, or a partition, with a message naming it.
+// missing, not a SCSI device, or a partition, with a message naming it; a missing one (a path
+// that does not exist, a WWN no device of this host has) is an OS error with ENOENT.
 [[nodiscard]] Result<std::vector<LogicalUnit>> discover(const std::vector<std::string>& names,
                                                         const DiscoveryEnv& env);
 
