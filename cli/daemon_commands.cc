@@ -4,11 +4,18 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+#include <vector>
 
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -392,6 +399,83 @@ int gate_wait_command(const DaemonOptions& options) {
   return 0;
 }
 
+namespace {
+
+// A resource's lease until blkfenced's first answer names it (blkfence.toml's default).
+constexpr std::chrono::milliseconds kDefaultLease{5000};
+
+// Every process descended from us (our pid excluded), read from /proc: the command, whatever it
+// started, and orphans re-parented to us as the subreaper.
+std::vector<pid_t> descendants() {
+  std::map<pid_t, std::vector<pid_t>> children;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    std::ifstream stat(entry.path() / "stat");
+    std::string text;
+    std::getline(stat, text);
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses; the last ')' ends it.
+    const auto close = text.rfind(')');
+    if (close == std::string::npos) {
+      continue;
+    }
+    std::istringstream rest(text.substr(close + 1));
+    char state = 0;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid) {
+      children[ppid].push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  std::vector<pid_t> found;
+  std::vector<pid_t> queue{::getpid()};
+  while (!queue.empty()) {
+    const pid_t parent = queue.back();
+    queue.pop_back();
+    for (const pid_t child : children[parent]) {
+      found.push_back(child);
+      queue.push_back(child);
+    }
+  }
+  return found;
+}
+
+// SIGKILLs the command's process group and every descendant, again until none is left (a process
+// may fork while we look), reaping the orphans that were re-parented to us.
+void kill_every_descendant(pid_t command) {
+  ::kill(-command, SIGKILL);
+  for (int round = 0; round < 100; ++round) {
+    bool alive = false;
+    for (const pid_t pid : descendants()) {
+      char state = 0;
+      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+      std::string text;
+      std::getline(stat, text);
+      if (const auto close = text.rfind(')');
+          close != std::string::npos && close + 2 < text.size()) {
+        state = text[close + 2];
+      }
+      if (state != 'Z') {
+        ::kill(pid, SIGKILL);
+        alive = true;
+      }
+    }
+    // Orphans that died are our zombies now. (The command itself may be reaped here too; its
+    // status does not matter once it has been killed.)
+    int status = 0;
+    while (::waitpid(-1, &status, WNOHANG | __WALL) > 0) {
+    }
+    if (!alive) {
+      return;
+    }
+    std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
 int run_command(const DaemonOptions& options, const std::vector<std::string>& argv) {
   int exit = 0;
   auto client = open_and_send(
@@ -405,6 +489,7 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
   if (!opened) {
     return exit;
   }
+  const auto token = control::parse_key(opened->token);
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -412,12 +497,21 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
   sigaddset(&signals, SIGHUP);
   sigset_t old;
   sigprocmask(SIG_BLOCK, &signals, &old);
+  // Whatever the command starts stays ours to kill: a process that leaves the command's process
+  // group (setsid) and is orphaned (a double fork) is re-parented to us, not to init.
+  (void)::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const pid_t parent = ::getpid();
   const pid_t child = ::fork();
   if (child < 0) {
     std::cerr << "blkfencectl: fork: " << std::strerror(errno) << '\n';
     return code(DaemonExit::kFailed);
   }
   if (child == 0) {
+    // Should blkfencectl itself be killed (SIGKILL cannot be caught), the command goes with it.
+    (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) {
+      ::_exit(127);  // it died before the line above
+    }
     ::setpgid(0, 0);
     sigprocmask(SIG_SETMASK, &old, nullptr);
     ::close(client->fd());
@@ -438,21 +532,45 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
   const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
   // TERM/INT/HUP go to the command's group instead of killing us and leaving it running.
   const int sigfd = ::signalfd(-1, &signals, SFD_CLOEXEC);
-  const auto kill_group = [&](const char* why) {
-    ::kill(-child, SIGKILL);
-    (void)std::fprintf(stderr, "blkfencectl run: %s: killed the command (process group %d)\n", why,
-                       child);
+  const auto kill_all = [&](const std::string& why) {
+    kill_every_descendant(child);
+    (void)std::fprintf(stderr, "blkfencectl run: %s: killed the command (process group %d)\n",
+                       why.c_str(), child);
   };
+  // The heartbeat: a `gate` request every quarter lease on the watch connection. A daemon that
+  // is stopped (SIGSTOP, a frozen VM) sends no event and closes nothing, so without an answer that
+  // confirms the gate within the lease the command is killed. The lease comes with each answer.
+  auto lease = kDefaultLease;
+  Clock::time_point confirmed = Clock::now();  // the watch reply just showed the gate open
+  Clock::time_point next_ask = confirmed;
+  std::optional<std::pair<std::uint64_t, Clock::time_point>> asked;  // id, when
+  std::uint64_t next_id = 2;
   int result = -1;
   while (result < 0) {
+    const auto now = Clock::now();
+    if (!asked && now >= next_ask) {
+      const std::uint64_t id = next_id++;
+      if (auto sent = client->send(
+              {.id = id, .op = Op::kGate, .resource = options.resource, .node = {}, .timeout = {}});
+          !sent) {
+        kill_all("lost blkfenced");
+        result = code(DaemonExit::kNoDaemon);
+        break;
+      }
+      asked = {id, now};
+      next_ask = now + lease / 4;
+    }
+    const auto wake = asked ? confirmed + lease : std::min(confirmed + lease, next_ask);
+    const int wait_ms = static_cast<int>(std::max<std::int64_t>(
+        0, std::chrono::ceil<std::chrono::milliseconds>(wake - now).count()));
     // An event that came in one read with the reply (or another event) is in the client's buffer
     // already: poll() would wait on the socket for something else while the gate is closed.
     const bool buffered = client->has_line();
     pollfd fds[3] = {{.fd = client->fd(), .events = POLLIN, .revents = 0},
                      {.fd = pidfd, .events = POLLIN, .revents = 0},
                      {.fd = sigfd, .events = POLLIN, .revents = 0}};
-    if (::poll(fds, 3, buffered ? 0 : -1) < 0 && errno != EINTR) {
-      kill_group("poll failed");
+    if (::poll(fds, 3, buffered ? 0 : wait_ms) < 0 && errno != EINTR) {
+      kill_all("poll failed");
       result = code(DaemonExit::kFailed);
       break;
     }
@@ -463,28 +581,55 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
       }
     }
     if (buffered || (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
-      auto event = client->next(Clock::now());
-      if (!event && event.error().code() != ErrorCode::kIndeterminate) {
+      auto line = client->next(Clock::now());
+      if (!line && line.error().code() != ErrorCode::kIndeterminate) {
         // Fail closed: without the daemon nothing vouches for the token any more.
-        kill_group("lost blkfenced");
+        kill_all("lost blkfenced");
         result = code(DaemonExit::kNoDaemon);
         break;
       }
-      if (event && event->is_event) {
-        auto status = status_from(event->body["status"]);
-        if (status && (!status->gate_open || status->key != control::parse_key(opened->token))) {
-          kill_group(
-              ("the gate of " + options.resource + " closed (" + status->state + ")").c_str());
-          result = code(DaemonExit::kConflict);
-          break;
+      std::optional<std::string> closed;  // why the gate is no longer ours
+      if (line && line->is_event) {
+        auto status = status_from(line->body["status"]);
+        if (status && (!status->gate_open || status->key != token)) {
+          closed = "the gate of " + options.resource + " closed (" + status->state + ")";
         }
+      } else if (line && asked && line->id == asked->first) {
+        if (!line->ok || !line->body.value("open", false) ||
+            control::parse_key(line->body.value("token", std::string())) != token) {
+          closed = "the gate of " + options.resource + " is no longer open with our token";
+        } else {
+          // Open when the daemon answered, so at least since we asked.
+          confirmed = asked->second;
+          if (const auto ms = line->body.value("lease_ms", 0); ms > 0) {
+            lease = std::chrono::milliseconds(ms);
+          }
+          next_ask = confirmed + lease / 4;
+        }
+        asked.reset();
+      }
+      if (closed) {
+        kill_all(*closed);
+        result = code(DaemonExit::kConflict);
+        break;
       }
     }
     if ((fds[1].revents & POLLIN) != 0) {
       int wstatus = 0;
       if (::waitpid(child, &wstatus, WNOHANG) == child) {
         result = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+        // The command is done; nothing it started may write on without it.
+        kill_every_descendant(child);
+        return result;
       }
+    }
+    // After what was read: a run that was stopped itself reads the daemon's events first.
+    if (Clock::now() - confirmed >= lease) {
+      kill_all(
+          "blkfenced did not confirm the gate of " + options.resource + " for the lease (" +
+          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(lease).count()) +
+          " ms)");
+      result = code(DaemonExit::kNoDaemon);
     }
   }
   int wstatus = 0;

@@ -430,6 +430,115 @@ TEST_F(ExitStatusTest, RunExits6WhenTheDaemonGoesAway) {
   EXPECT_EQ(result.status, 6) << result.err;
 }
 
+// --- `run` cannot be escaped --------------------------------------------------------------------
+
+// Whether pid has ended: gone, or a zombie nobody reaped yet.
+bool ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  if (!std::getline(stat, text)) {
+    return true;
+  }
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
+}
+
+// Waits (bounded) until pid has ended.
+bool await_end(pid_t pid) {
+  const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (!ended(pid)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return false;
+    }
+    ::poll(nullptr, 0, 10);
+  }
+  return true;
+}
+
+// The pid a command wrote to path (0 when there is none).
+pid_t pid_in(const std::string& path) {
+  std::ifstream in(path);
+  long pid = 0;
+  in >> pid;
+  return static_cast<pid_t>(pid);
+}
+
+// A shell command that starts `sleep 40` in a new session (setsid: out of the command's process
+// group, and orphaned when its parent shell goes on), writes its pid to path and waits for that.
+std::string escape_to(const std::string& path) {
+  return "setsid /bin/sh -c 'echo $$ > " + path + ".new && mv " + path + ".new " + path +
+         " && exec sleep 40' </dev/null >/dev/null 2>&1 & while [ ! -s " + path +
+         " ]; do sleep 0.01; done";
+}
+
+// The gate open with a short lease (so `run` asks every 100 ms), until closes() says otherwise.
+Responder gate_until(std::function<bool()> closes) {
+  return [closes = std::move(closes)](const control::Request& request) {
+    const bool open = !closes();
+    if (request.op == control::Op::kGate) {
+      return ok(request, {{"open", open},
+                          {"token", open ? nlohmann::json("0x6c9d000100000007") : nlohmann::json()},
+                          {"epoch", 7},
+                          {"lease_ms", 400}});
+    }
+    return ok(request, {{"resources", nlohmann::json::array({to_json(status_of(open))})}});
+  };
+}
+
+TEST_F(ExitStatusTest, RunKillsAProcessThatLeftTheCommandsProcessGroupWhenTheGateCloses) {
+  const std::string escaped = dir_ + "/escaped";
+  const Outcome result = run({"run", "pgdata", "--socket", socket_, "--", "/bin/sh", "-c",
+                              escape_to(escaped) + "; exec sleep 40"},
+                             gate_until([&] { return pid_in(escaped) != 0; }));
+  EXPECT_EQ(result.status, 4) << result.err;
+  const pid_t pid = pid_in(escaped);
+  ASSERT_NE(pid, 0) << "the command did not start its escaped process";
+  EXPECT_TRUE(await_end(pid)) << "pid " << pid << " left the process group and outlived the gate";
+}
+
+TEST_F(ExitStatusTest, RunKillsWhatTheCommandLeftBehindWhenItExits) {
+  const std::string escaped = dir_ + "/escaped";
+  const Outcome result = run({"run", "pgdata", "--socket", socket_, "--", "/bin/sh", "-c",
+                              escape_to(escaped) + "; exit 3"},
+                             gate_until([] { return false; }));
+  EXPECT_EQ(result.status, 3) << result.err;
+  const pid_t pid = pid_in(escaped);
+  ASSERT_NE(pid, 0);
+  EXPECT_TRUE(await_end(pid)) << "pid " << pid << " outlived the command that started it";
+}
+
+TEST_F(ExitStatusTest, RunsCommandDiesWhenBlkfencectlIsKilled) {
+  // The command kills its parent, blkfencectl, with the one signal it cannot catch.
+  const std::string command = dir_ + "/command";
+  const Outcome result = run({"run", "pgdata", "--socket", socket_, "--", "/bin/sh", "-c",
+                              "echo $$ > " + command + " && kill -KILL $PPID && exec sleep 40"},
+                             gate_until([] { return false; }));
+  EXPECT_EQ(result.status, -1) << "blkfencectl was not killed: " << result.err;
+  const pid_t pid = pid_in(command);
+  ASSERT_NE(pid, 0);
+  EXPECT_TRUE(await_end(pid)) << "the command outlived blkfencectl run";
+}
+
+TEST_F(ExitStatusTest, RunKillsTheCommandWhenTheDaemonStopsAnsweringForTheLease) {
+  // A stopped daemon (SIGSTOP, a frozen VM) keeps its socket open and says nothing: the watch
+  // reply and the first gate answer come, then nothing more.
+  int answered = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome result = run({"run", "pgdata", "--socket", socket_, "--", "/bin/sleep", "40"},
+                             [&](const control::Request& request) {
+                               if (request.op == control::Op::kGate && ++answered > 1) {
+                                 return Answer{.lines = {}, .hang_up = false};
+                               }
+                               return gate_until([] { return false; })(request);
+                             });
+  EXPECT_EQ(result.status, 6) << result.err;
+  EXPECT_NE(result.err.find("did not confirm the gate of pgdata for the lease (400 ms)"),
+            std::string::npos)
+      << result.err;
+  EXPECT_GE(answered, 2) << "run never asked again after the first answer";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, kDeadline);
+}
+
 // --- the device mode ----------------------------------------------------------------------------
 
 TEST_F(ExitStatusTest, ADeviceThatIsMissingExits3) {

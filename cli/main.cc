@@ -372,9 +372,10 @@ int run(int argc, char** argv) {
   CLI::App* run_sub = daemon_command(
       "run",
       "Run a command while the gate is open: it gets BLKFENCE_TOKEN, BLKFENCE_EPOCH and "
-      "BLKFENCE_RESOURCE, and its whole process group is killed (SIGKILL) the moment the gate "
-      "closes or blkfenced goes away. Without --timeout the gate must be open already; with it, "
-      "run waits that long for it to open",
+      "BLKFENCE_RESOURCE, and it is killed (SIGKILL), with every process it started, even those "
+      "that left its process group, the moment the gate closes, blkfenced goes away or does not "
+      "confirm the gate for a whole lease, or run itself is killed. Without --timeout the gate "
+      "must be open already; with it, run waits that long for it to open",
       true);
   run_sub->add_option("COMMAND", command, "The command and its arguments, after --")->required();
   run_sub->footer(std::string("Example:\n  blkfencectl run pgdata --timeout 30s -- "

@@ -824,11 +824,16 @@ void Daemon::handle_resource(ClientId client, const Request& request, fence::Res
     case Op::kGate: {
       const auto key = resource.key();
       const bool open = resource.gate_open_at(now());
-      control_->send(client,
-                     encode_ok(request.id, {{"open", open},
-                                            {"token", open && key ? nlohmann::json(key->to_string())
-                                                                  : nlohmann::json(nullptr)},
-                                            {"epoch", key ? key->epoch() : 0U}}));
+      control_->send(
+          client,
+          encode_ok(
+              request.id,
+              {{"open", open},
+               {"token", open && key ? nlohmann::json(key->to_string()) : nlohmann::json(nullptr)},
+               {"epoch", key ? key->epoch() : 0U},
+               {"lease_ms",
+                std::chrono::duration_cast<std::chrono::milliseconds>(resource.options().lease)
+                    .count()}}));
       return;
     }
     case Op::kKeys: read_keys(client, request, resource); return;

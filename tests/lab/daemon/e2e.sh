@@ -2,7 +2,7 @@
 # blkfenced end to end on real LIO (issue 4; docs/protocol.md, docs/design.md §5): two daemons, node A and node B, each
 # using only its own nexuses, in one boot:
 #   1. failover: A acquires; a writer under `blkfencectl run` on A writes records stamped with A's
-#      epoch; A's daemon and writer are frozen (SIGSTOP); B acquires (preempts A); the writer is
+#      epoch; A is frozen whole (SIGSTOP: daemon, run, writer); B acquires (preempts A); the writer is
 #      resumed and its next write is refused by the target (EBADE); A's daemon is resumed and
 #      reports fenced within one check_interval plus a round trip, removes the token, runs
 #      on_fenced, and `run` kills the writer; no record of A's epoch written after B's acquisition
@@ -66,7 +66,12 @@ done
 lab_expect "A's writer lands writes while A holds" grep -q '^ok 3$' "$BF/A/writer.log"
 writer_pid=$(cat "$BF/A/writer.log.pid")
 a_pid=$(cat "$BF/A/pid")
+# A freezes whole: its daemon, its blkfencectl run (which would otherwise kill the writer a lease
+# after the daemon stopped answering) and the writer.
 kill -STOP "$a_pid"
+# blkfencectl itself: $run_pid is the subshell that bf_ctl runs in; the writer's parent is it.
+run_ctl=$(awk '{ print $4 }' "/proc/$writer_pid/stat")
+kill -STOP "$run_ctl"
 kill -STOP -- "-$writer_pid"
 last_issued=$(awk '$1 == "issue" { n = $2 } END { print n }' "$BF/A/writer.log")
 lab_log "froze A's daemon and writer (last write issued: $last_issued)"
@@ -108,7 +113,7 @@ if [[ $mode == mutant ]]; then
     sleep 0.1
   done
   bf_stop A
-  kill -KILL -- "-$writer_pid" "$run_pid" 2>/dev/null
+  kill -KILL -- "-$writer_pid" "$run_ctl" "$run_pid" 2>/dev/null
   wait "$run_pid" 2>/dev/null
   lab_log "mutant: A's key back on the LUs: $caught"
   lab_expect_eq "the mutant is caught by S5 (A's key came back on the LUs after the fence)" "$caught" yes
@@ -135,10 +140,12 @@ fi
 lab_expect_key "A reports B's key as the one that fenced it" "$key_b" bf_field A db fenced_by
 lab_expect_read "A's gate is closed" false bf_field A db gate_open
 lab_expect "A's token file is gone" test ! -e "$BF/A/run/db.token"
+# blkfencectl run resumes last: the fenced event waits in its socket and is the first thing it reads.
+kill -CONT "$run_ctl"
 for ((try = 0; try < 100; try++)); do kill -0 "$run_pid" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$run_pid" 2>/dev/null; then
   lab_not_ok "blkfencectl run is still running 10 s after the fence"
-  kill -KILL -- "-$writer_pid" "$run_pid" 2>/dev/null
+  kill -KILL -- "-$writer_pid" "$run_ctl" "$run_pid" 2>/dev/null
 fi
 wait "$run_pid"
 lab_expect_eq "blkfencectl run killed the writer and exited 4" "$?" 4

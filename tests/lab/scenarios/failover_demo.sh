@@ -1,8 +1,8 @@
 #!/bin/bash
 # The failover story with the real daemons, told as a timeline on a real LIO LU: blkfenced runs on
 # node A and on node B, each through its own I_T nexus. A acquires the resource and a writer under
-# `blkfencectl run` writes records stamped with A's epoch; A freezes (SIGSTOP of its daemon and its
-# writer, as in a long GC pause or a VM migration); B acquires (its daemon preempts A's key with a
+# `blkfencectl run` writes records stamped with A's epoch; A freezes (SIGSTOP of its daemon, its
+# blkfencectl run and its writer, as in a long GC pause or a VM migration); B acquires (its daemon preempts A's key with a
 # higher epoch); A's writer wakes up still believing it is the writer and the target refuses its
 # next write; A's daemon wakes up, sees the fence, closes the gate and kills the writer. Ends with
 # the records on the LU: none of A's was written after B's acquisition (S1).
@@ -44,9 +44,12 @@ lab_log "A's writer has landed records 1-3"
 
 writer=$(cat "$BF/A/writer.log.pid")
 kill -STOP "$(cat "$BF/A/pid")"
+# blkfencectl itself: $run_pid is the subshell that bf_ctl runs in; the writer's parent is it.
+run_ctl=$(awk '{ print $4 }' "/proc/$writer/stat")
+kill -STOP "$run_ctl"
 kill -STOP -- "-$writer"
 last=$(awk '$1 == "issue" { n = $2 } END { print n }' "$BF/A/writer.log")
-lab_log "A FREEZES (SIGSTOP of its daemon and its writer, after record $last): it still believes it holds db"
+lab_log "A FREEZES (SIGSTOP of its daemon, its run and its writer, after record $last): it still believes it holds db"
 
 lab_log "B: blkfencectl acquire db"
 bf_ctl B acquire db --timeout 30s | sed 's/^/          /'
@@ -62,6 +65,7 @@ lab_log "A's write: REFUSED by the target: $(awk '$1 == "fail" { $1 = $2 = ""; s
 kill -CONT "$(cat "$BF/A/pid")"
 lab_log "A's daemon resumes (SIGCONT)"
 fenced=$(bf_await A db state fenced) && fenced=yes
+kill -CONT "$run_ctl"
 wait "$run_pid"
 run_status=$?
 lab_log "blkfencectl run on A: the gate closed, it killed the writer (exit $run_status)"
