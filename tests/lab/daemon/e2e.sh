@@ -14,6 +14,7 @@
 #      one), and its restarted daemon does not adopt it; then A acquires from the released holder
 #      and ends as the only holder with the only open gate (racing acquires are left to the
 #      simulation and `stress/race_acquires.sh`: they can wedge LIO, see tests/lab/README.md);
+#      then A's daemon is stopped for longer than the lease: the writer under `run` dies;
 #   4. shared mode: A and B unfenced, A fences B, B's writes are refused and A's succeed;
 #   5. (iSCSI) the storage becomes unreachable (A's session is logged out): A's gate closes after
 #      the lease, and A's daemon, restarted with a watchdog, goes on feeding it (no restart loop);
@@ -218,6 +219,26 @@ lab_expect_read "A's gate is open" true bf_field A db gate_open
 lab_expect_read "B's gate stays closed" false bf_field B db gate_open
 lab_expect_eq "exactly one token file: A's" "$(ls "$BF"/A/run/db.token "$BF"/B/run/db.token 2>/dev/null)" "$BF/A/run/db.token"
 lab_expect "S3: A's epoch is above every earlier one" test "$(bf_field A db epoch)" -gt "$epoch_b"
+# A daemon stopped for longer than the lease (SIGSTOP: it sends nothing and its socket stays open):
+# the writer under blkfencectl run dies once a lease passes without the gate confirmed.
+bf_ctl A run db -- "$BLKFENCE_LAB_REPO/tests/lab/daemon/writer.sh" A "$a_dev" 2000 "$BF/A/writer2.log" \
+  >"$BF/A/run2.out" 2>&1 &
+run2_pid=$!
+lab_expect "A's writer under run lands a write" bf_await_file_line "$BF/A/writer2.log" "ok 1"
+writer2_pid=$(cat "$BF/A/writer2.log.pid")
+kill -STOP "$(cat "$BF/A/pid")"
+t_stop=$EPOCHREALTIME
+for ((try = 0; try < 100; try++)); do kill -0 "$run2_pid" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$run2_pid" 2>/dev/null; then
+  lab_not_ok "blkfencectl run still runs 10 s after A's daemon stopped"
+  kill -KILL -- "-$writer2_pid" 2>/dev/null
+fi
+wait "$run2_pid"
+lab_expect_eq "with A's daemon stopped, blkfencectl run killed the writer and exited 6" "$?" 6
+lab_log "run ended $(awk -v a="$t_stop" -v b="$EPOCHREALTIME" 'BEGIN { printf "%d", (b - a) * 1000 }') ms after A's daemon stopped (lease 3000 ms): $(tail -1 "$BF/A/run2.out")"
+lab_expect "the writer is gone" test ! -d "/proc/$writer2_pid"
+kill -CONT "$(cat "$BF/A/pid")"
+lab_expect "A's daemon, resumed, holds with its gate open (a check within the lease)" bf_await A db gate_open true
 
 # --- 4. shared mode ------------------------------------------------------------------------------
 if [[ -n $shared_lu ]]; then

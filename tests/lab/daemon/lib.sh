@@ -144,6 +144,17 @@ bf_await_log() {
   return 1
 }
 
+# bf_await_file_line PATH LINE: waits (10 s at most) until PATH holds LINE, whole.
+bf_await_file_line() {
+  local try
+  for ((try = 0; try < 100; try++)); do
+    grep -qxF -- "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "bf_await_file_line: no line '$2' in $1"
+  return 1
+}
+
 # bf_await_file PATH: waits (5 s at most) until PATH exists.
 bf_await_file() {
   local try
