@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <fcntl.h>
@@ -43,12 +45,32 @@ int on_unit_reply(sd_bus_message* reply, void* userdata, sd_bus_error*) {
   return 0;
 }
 
+std::string signal_name(int signal) {
+  const char* name = sigabbrev_np(signal);
+  return name != nullptr ? "SIG" + std::string(name) : "signal " + std::to_string(signal);
+}
+
+// One on_fenced command, until the event loop reaps it.
+struct CommandRun {
+  std::string program;
+  LogFields fields;
+};
+
 int on_child(sd_event_source* source, const siginfo_t* info, void* userdata) {
-  const auto* what = static_cast<std::string*>(userdata);
-  const bool ok = info->si_code == CLD_EXITED && info->si_status == 0;
-  log(ok ? Priority::kInfo : Priority::kErr,
-      *what + (ok ? " finished" : " failed (status " + std::to_string(info->si_status) + ")"));
-  delete what;
+  const std::unique_ptr<CommandRun> run(static_cast<CommandRun*>(userdata));
+  const std::string what = "on_fenced command " + run->program;
+  if (info->si_code == CLD_EXITED && info->si_status == 0) {
+    log(Priority::kInfo, what + " finished", run->fields);
+  } else if (info->si_code == CLD_EXITED) {
+    log(Priority::kErr, what + " failed: exit status " + std::to_string(info->si_status),
+        run->fields);
+  } else {
+    // CLD_KILLED or CLD_DUMPED: si_status is the signal (waitid(2)).
+    log(Priority::kErr,
+        what + " failed: killed by " + signal_name(info->si_status) +
+            (info->si_code == CLD_DUMPED ? " (core dumped)" : ""),
+        run->fields);
+  }
   sd_event_source_disable_unref(source);
   return 0;
 }
@@ -213,11 +235,17 @@ void Gate::run_command(const ResourceConfig& config, std::optional<fence::Key> k
   }
   log(Priority::kNotice,
       "on_fenced command " + args[0] + " started (pid " + std::to_string(pid) + ")", fields);
-  auto* what = new std::string("on_fenced command " + args[0]);
-  sd_event_source* source = nullptr;  // released by on_child
-  if (sd_event_add_child(event_, &source, pid, WEXITED, on_child, what) < 0) {
-    delete what;
+  auto run = std::make_unique<CommandRun>(CommandRun{.program = args[0], .fields = fields});
+  sd_event_source* source = nullptr;  // released by on_child, which frees run
+  if (const int added = sd_event_add_child(event_, &source, pid, WEXITED, on_child, run.get());
+      added < 0) {
+    log(Priority::kErr,
+        "on_fenced command " + args[0] + " (pid " + std::to_string(pid) +
+            ") cannot be watched: " + std::strerror(-added),
+        fields);
+    return;
   }
+  (void)run.release();
 }
 
 }  // namespace blkfence::daemon

@@ -3,8 +3,9 @@
 // (a reader of the old one still reads a whole token) and is removed when the gate closes; an
 // on_fenced command runs with BLKFENCE_RESOURCE, BLKFENCE_REASON, BLKFENCE_KEY and BLKFENCE_EPOCH
 // in its environment (and the daemon's own), its own process group and no blocked signals, and is
-// reaped by the event loop; "none", a release, stop-units and kill-units without units, and a
-// command that cannot start run nothing. The D-Bus calls to systemd for units are left to the lab.
+// reaped by the event loop, its exit status or the signal that killed it logged with the resource;
+// "none", a release, stop-units and kill-units without units, and a command that cannot start run
+// nothing. The D-Bus calls to systemd for units are left to the lab.
 #include "gate.h"
 
 #include <csignal>
@@ -25,6 +26,7 @@
 namespace blkfence::daemon {
 namespace {
 
+using testing::LogCapture;
 using testing::run_until;
 using testing::TempDir;
 
@@ -272,6 +274,43 @@ TEST_F(CommandTest, ACommandThatCannotStartIsReportedAndNothingRuns) {
   gate_->act(with_command(OnFencedAction::kCommand, script("echo ran")), key_of(0x6c9d000100000001),
              Gate::Reason::kFenced);
   EXPECT_EQ(report(), "ran\n");
+}
+
+TEST_F(CommandTest, ACommandKilledByASignalIsLoggedWithTheSignalsName) {
+  const LogCapture log;
+  gate_->act(with_command(OnFencedAction::kCommand, script("kill -KILL $$")),
+             key_of(0x6c9d00010000002a), Gate::Reason::kFenced);
+  EXPECT_EQ(report(), "");  // returns once the gate has reaped it, which is when it logs
+  const auto records = log.with("on_fenced command /bin/sh failed");
+  ASSERT_EQ(records.size(), 1U) << log.dump();
+  EXPECT_EQ(records[0].message, "on_fenced command /bin/sh failed: killed by SIGKILL");
+  EXPECT_EQ(records[0].priority, Priority::kErr);
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+  EXPECT_EQ(records[0].fields.key, 0x6c9d00010000002aU);
+  EXPECT_EQ(records[0].fields.epoch, 42U);
+}
+
+TEST_F(CommandTest, ANonZeroExitIsLoggedWithTheStatus) {
+  const LogCapture log;
+  gate_->act(with_command(OnFencedAction::kCommand, script("exit 3")), key_of(0x6c9d000100000001),
+             Gate::Reason::kLostContact);
+  EXPECT_EQ(report(), "");
+  const auto records = log.with("on_fenced command /bin/sh failed");
+  ASSERT_EQ(records.size(), 1U) << log.dump();
+  EXPECT_EQ(records[0].message, "on_fenced command /bin/sh failed: exit status 3");
+  EXPECT_EQ(records[0].priority, Priority::kErr);
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+}
+
+TEST_F(CommandTest, ACommandThatExitsZeroIsLoggedAsFinished) {
+  const LogCapture log;
+  gate_->act(with_command(OnFencedAction::kCommand, script("exit 0")), key_of(0x6c9d000100000001),
+             Gate::Reason::kFenced);
+  EXPECT_EQ(report(), "");
+  const auto finished = log.with("on_fenced command /bin/sh finished");
+  ASSERT_EQ(finished.size(), 1U) << log.dump();
+  EXPECT_EQ(finished[0].priority, Priority::kInfo);
+  EXPECT_EQ(finished[0].fields.resource, "pgdata");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Helpers for the daemon glue's unit tests (tests only): a temporary directory, an sd-event loop
 // run until a condition holds, and a raw client of a unix stream socket whose reads run the loop
-// (the server under test and its client share the test's one thread). Every wait is bounded by
-// kDeadline and reported as a test failure, never a hang. One thread.
+// (the server under test and its client share the test's one thread), and a capture of log
+// records. Every wait is bounded by kDeadline and reported as a test failure, never a hang. One
+// thread.
 #pragma once
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -21,6 +23,8 @@
 #include <unistd.h>
 
 #include "blkfence/unique_fd.h"
+
+#include "log.h"
 
 namespace blkfence::daemon::testing {
 
@@ -164,6 +168,51 @@ class RawClient {
   bool connected_ = false;
   bool eof_ = false;
   std::string buffer_;
+};
+
+// --- log records (gate_test.cc) ----------------------------------------------------------------
+
+// Every record logged while it lives, instead of stderr (log.h's test sink).
+class LogCapture {
+ public:
+  struct Record {
+    Priority priority;
+    std::string message;
+    LogFields fields;
+  };
+  LogCapture() {
+    set_log_sink_for_testing(
+        [this](Priority priority, const std::string& message, const LogFields& fields) {
+          records_.push_back(Record{.priority = priority, .message = message, .fields = fields});
+        });
+  }
+  ~LogCapture() { set_log_sink_for_testing({}); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+
+  const std::vector<Record>& records() const { return records_; }
+  // The records whose message contains text.
+  std::vector<Record> with(const std::string& text) const {
+    std::vector<Record> found;
+    for (const auto& record : records_) {
+      if (record.message.find(text) != std::string::npos) {
+        found.push_back(record);
+      }
+    }
+    return found;
+  }
+  // Every message, one a line, for a failure's report.
+  std::string dump() const {
+    std::string text;
+    for (const auto& record : records_) {
+      text += "<" + std::to_string(static_cast<int>(record.priority)) + "> " + record.message +
+              " resource=" + record.fields.resource + "\n";
+    }
+    return text;
+  }
+
+ private:
+  std::vector<Record> records_;
 };
 
 }  // namespace blkfence::daemon::testing
