@@ -22,7 +22,24 @@
 extern char** environ;
 
 namespace blkfence::daemon {
+
+struct ManagerCall {
+  std::string method;         // "StopUnit", "KillUnit" or "StartUnit"
+  std::string unit;           // the unit or target
+  std::string mode;           // the job mode; for KillUnit, whom ("all")
+  std::optional<int> signal;  // KillUnit's
+  std::string action;         // for messages: "stop postgresql@15-main.service"
+  LogFields fields;
+};
+
 namespace {
+
+constexpr const char* kSystemd = "org.freedesktop.systemd1";
+constexpr const char* kManagerPath = "/org/freedesktop/systemd1";
+constexpr const char* kManagerInterface = "org.freedesktop.systemd1.Manager";
+// A broken connection answers each waiting call with an error, one per sd_bus_process(); calls
+// wait for at most 2 per unit (64 units, docs/operations.md) times a few fences in a row.
+constexpr int kDrainMax = 4096;
 
 std::string_view reason_name(Gate::Reason reason) {
   switch (reason) {
@@ -33,21 +50,43 @@ std::string_view reason_name(Gate::Reason reason) {
   return "?";
 }
 
-int on_unit_reply(sd_bus_message* reply, void* userdata, sd_bus_error*) {
-  const auto* what = static_cast<std::string*>(userdata);
-  if (sd_bus_message_is_method_error(reply, nullptr) != 0) {
-    const sd_bus_error* error = sd_bus_message_get_error(reply);
-    log(Priority::kErr, *what + " failed: " + (error && error->message ? error->message : "?"));
-  } else {
-    log(Priority::kInfo, *what + " done");
-  }
-  delete what;
-  return 0;
+// What sd-bus returns when the connection broke under a call, or was found broken (it maps a
+// failed write to ECONNRESET and a closed connection to ENOTCONN; the rest for safety).
+bool broken_connection(int error) {
+  return error == ENOTCONN || error == ECONNRESET || error == EPIPE || error == ESHUTDOWN ||
+         error == ECONNABORTED;
 }
 
 std::string signal_name(int signal) {
   const char* name = sigabbrev_np(signal);
   return name != nullptr ? "SIG" + std::string(name) : "signal " + std::to_string(signal);
+}
+
+int on_disconnected(sd_bus_message*, void*, sd_bus_error*) {
+  log(Priority::kWarning,
+      "lost the connection to the system bus (the bus daemon stopped or restarted); the next "
+      "on_fenced action connects again");
+  return 0;
+}
+
+// One what-and-how for every answer: systemd's error name and message, or the job it queued.
+int on_manager_reply(sd_bus_message* reply, void* userdata, sd_bus_error*) {
+  const auto& call = *static_cast<const ManagerCall*>(userdata);
+  if (const sd_bus_error* error = sd_bus_message_get_error(reply); error != nullptr) {
+    log(Priority::kErr,
+        "asking systemd to " + call.action + " failed: " + (error->name ? error->name : "?") +
+            ": " + (error->message ? error->message : "?") +
+            "; check the unit with 'systemctl status " + call.unit + "'",
+        call.fields);
+    return 0;
+  }
+  const char* job = nullptr;
+  if (call.method != "KillUnit" && sd_bus_message_read(reply, "o", &job) > 0) {
+    log(Priority::kInfo, "systemd accepted: " + call.action + " (job " + job + ")", call.fields);
+  } else {
+    log(Priority::kInfo, "systemd accepted: " + call.action, call.fields);
+  }
+  return 0;
 }
 
 // One on_fenced command, until the event loop reaps it.
@@ -75,10 +114,36 @@ int on_child(sd_event_source* source, const siginfo_t* info, void* userdata) {
   return 0;
 }
 
+// Sends call without waiting; on success the reply's slot owns it (freed after on_manager_reply,
+// or with the connection).
+int send_call(sd_bus* bus, std::unique_ptr<ManagerCall>& call) {
+  sd_bus_slot* slot = nullptr;
+  const int r =
+      call->signal
+          ? sd_bus_call_method_async(bus, &slot, kSystemd, kManagerPath, kManagerInterface,
+                                     call->method.c_str(), on_manager_reply, call.get(), "ssi",
+                                     call->unit.c_str(), call->mode.c_str(), *call->signal)
+          : sd_bus_call_method_async(bus, &slot, kSystemd, kManagerPath, kManagerInterface,
+                                     call->method.c_str(), on_manager_reply, call.get(), "ss",
+                                     call->unit.c_str(), call->mode.c_str());
+  if (r < 0) {
+    return r;
+  }
+  (void)sd_bus_slot_set_destroy_callback(
+      slot, [](void* userdata) { delete static_cast<ManagerCall*>(userdata); });
+  (void)call.release();
+  (void)sd_bus_slot_set_floating(slot, 1);  // the connection keeps the slot until the reply
+  sd_bus_slot_unref(slot);
+  return 0;
+}
+
 }  // namespace
 
 Gate::~Gate() {
-  sd_bus_flush_close_unref(bus_);
+  if (bus_ != nullptr) {
+    (void)sd_bus_detach_event(bus_);
+    sd_bus_flush_close_unref(bus_);
+  }
 }
 
 std::string Gate::token_path(const std::string& resource) const {
@@ -112,16 +177,71 @@ void Gate::close(const std::string& resource) {
   }
 }
 
-sd_bus* Gate::bus() {
-  if (bus_ == nullptr) {
-    if (const int r = sd_bus_open_system(&bus_); r < 0) {
-      log(Priority::kErr, std::string("cannot connect to the system bus: ") + std::strerror(-r));
-      bus_ = nullptr;
-      return nullptr;
-    }
-    (void)sd_bus_attach_event(bus_, event_, SD_EVENT_PRIORITY_NORMAL);
+int Gate::connect_bus() {
+  // sd-bus does not reconnect: after `systemctl restart dbus` the old connection is closed for
+  // good (once the loop has read its end), and every call on it fails with ENOTCONN.
+  if (bus_ != nullptr && sd_bus_is_open(bus_) > 0) {
+    return 0;
   }
-  return bus_;
+  drop_bus();
+  sd_bus* bus = nullptr;
+  if (const int r = sd_bus_open_system(&bus); r < 0) {
+    return r;
+  }
+  // The local Disconnected signal: no match is sent to the bus daemon for it (sd-bus keeps local
+  // matches to itself), and unlike sd_bus_set_exit_on_disconnect() it does not end the loop.
+  if (const int r = sd_bus_match_signal(bus, nullptr, "org.freedesktop.DBus.Local",
+                                        "/org/freedesktop/DBus/Local", "org.freedesktop.DBus.Local",
+                                        "Disconnected", on_disconnected, nullptr);
+      r < 0) {
+    sd_bus_unref(bus);
+    return r;
+  }
+  if (const int r = sd_bus_attach_event(bus, event_, SD_EVENT_PRIORITY_NORMAL); r < 0) {
+    sd_bus_unref(bus);
+    return r;
+  }
+  bus_ = bus;
+  return 0;
+}
+
+void Gate::drop_bus() {
+  if (bus_ == nullptr) {
+    return;
+  }
+  // Only a closed connection comes here (or one whose write just failed): sd-bus answers each call
+  // it still waited for with a NoReply error, "Connection terminated", one per sd_bus_process();
+  // they are logged like any other failure before the connection goes.
+  for (int i = 0; i < kDrainMax && sd_bus_process(bus_, nullptr) > 0; ++i) {
+  }
+  (void)sd_bus_detach_event(bus_);
+  bus_ = sd_bus_flush_close_unref(bus_);
+}
+
+void Gate::call_manager(std::unique_ptr<ManagerCall> call) {
+  int r = connect_bus();
+  if (r >= 0) {
+    r = send_call(bus_, call);
+    if (r < 0 && broken_connection(-r)) {
+      // It broke since its last use and the loop has not read that yet (a bus daemon restarted a
+      // moment ago): once more, on a new connection.
+      log(Priority::kWarning,
+          "the system bus connection broke (" + std::string(std::strerror(-r)) +
+              "); connecting again to " + call->action,
+          call->fields);
+      drop_bus();
+      r = connect_bus();
+      if (r >= 0) {
+        r = send_call(bus_, call);
+      }
+    }
+  }
+  if (r < 0) {
+    log(Priority::kErr,
+        "cannot ask systemd to " + call->action + ": " + std::strerror(-r) +
+            (bus_ == nullptr ? " (no system bus; check 'systemctl status dbus')" : ""),
+        call->fields);
+  }
 }
 
 void Gate::act(const ResourceConfig& config, std::optional<fence::Key> key, Reason reason) {
@@ -145,49 +265,38 @@ void Gate::act(const ResourceConfig& config, std::optional<fence::Key> key, Reas
 }
 
 void Gate::call_units(const ResourceConfig& config, bool kill) {
-  sd_bus* connection = config.units.empty() ? nullptr : bus();
+  const LogFields fields{
+      .resource = config.name, .key = {}, .epoch = {}, .device = {}, .message_id = {}};
   for (const auto& unit : config.units) {
-    if (connection == nullptr) {
-      log(Priority::kErr, "cannot stop " + unit + ": no system bus",
-          {.resource = config.name, .key = {}, .epoch = {}, .device = {}, .message_id = {}});
-      continue;
-    }
     if (kill) {
       // SIGKILL to every process of the unit first: a stop runs ExecStop= and waits.
-      auto* what = new std::string("KillUnit " + unit);
-      if (sd_bus_call_method_async(connection, nullptr, "org.freedesktop.systemd1",
-                                   "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
-                                   "KillUnit", on_unit_reply, what, "ssi", unit.c_str(), "all",
-                                   SIGKILL) < 0) {
-        delete what;
-      }
+      call_manager(std::make_unique<ManagerCall>(
+          ManagerCall{.method = "KillUnit",
+                      .unit = unit,
+                      .mode = "all",
+                      .signal = SIGKILL,
+                      .action = "send SIGKILL to every process of " + unit,
+                      .fields = fields}));
     }
-    auto* what = new std::string("StopUnit " + unit);
-    if (sd_bus_call_method_async(connection, nullptr, "org.freedesktop.systemd1",
-                                 "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
-                                 "StopUnit", on_unit_reply, what, "ss", unit.c_str(),
-                                 "replace") < 0) {
-      delete what;
-      log(Priority::kErr, "cannot ask systemd to stop " + unit,
-          {.resource = config.name, .key = {}, .epoch = {}, .device = {}, .message_id = {}});
-    }
+    call_manager(std::make_unique<ManagerCall>(ManagerCall{.method = "StopUnit",
+                                                           .unit = unit,
+                                                           .mode = "replace",
+                                                           .signal = std::nullopt,
+                                                           .action = "stop " + unit,
+                                                           .fields = fields}));
   }
 }
 
 void Gate::reboot(const ResourceConfig& config) {
-  log(Priority::kErr, "rebooting: on_fenced = \"reboot\"",
-      {.resource = config.name, .key = {}, .epoch = {}, .device = {}, .message_id = {}});
-  sd_bus* connection = bus();
-  if (connection == nullptr) {
-    return;
-  }
-  auto* what = new std::string("reboot");
-  if (sd_bus_call_method_async(connection, nullptr, "org.freedesktop.systemd1",
-                               "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager",
-                               "StartUnit", on_unit_reply, what, "ss", "reboot.target",
-                               "replace-irreversibly") < 0) {
-    delete what;
-  }
+  const LogFields fields{
+      .resource = config.name, .key = {}, .epoch = {}, .device = {}, .message_id = {}};
+  log(Priority::kErr, "rebooting: on_fenced = \"reboot\"", fields);
+  call_manager(std::make_unique<ManagerCall>(ManagerCall{.method = "StartUnit",
+                                                         .unit = "reboot.target",
+                                                         .mode = "replace-irreversibly",
+                                                         .signal = std::nullopt,
+                                                         .action = "start reboot.target",
+                                                         .fields = fields}));
 }
 
 void Gate::run_command(const ResourceConfig& config, std::optional<fence::Key> key, Reason reason) {

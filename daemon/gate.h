@@ -6,9 +6,14 @@
 // or lost contact, the resource's on_fenced action runs: stop or kill its systemd units through
 // sd-bus (asynchronously, on the event loop), run a command (BLKFENCE_RESOURCE, BLKFENCE_KEY,
 // BLKFENCE_EPOCH and BLKFENCE_REASON in its environment), or reboot (opt-in). An explicit release
-// stops the units too: the writer goes before the reservation does. One thread.
+// stops the units too: the writer goes before the reservation does. The connection to the system
+// bus outlives a restart of the bus daemon: one found closed is replaced before use, and a call
+// that could not be sent because it broke is sent once more on a new one. Every action that fails
+// is logged with its resource, never silently dropped. One thread.
 #pragma once
 
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "blkfence/error.h"
@@ -20,6 +25,8 @@ struct sd_event;
 struct sd_bus;
 
 namespace blkfence::daemon {
+
+struct ManagerCall;  // one method call to systemd's manager, and what to log about it (gate.cc)
 
 class Gate {
  public:
@@ -40,7 +47,12 @@ class Gate {
   void call_units(const ResourceConfig& config, bool kill);
   void reboot(const ResourceConfig& config);
   void run_command(const ResourceConfig& config, std::optional<fence::Key> key, Reason reason);
-  sd_bus* bus();
+  // Sends call on the system bus, on a new connection if the current one broke; logs a failure.
+  void call_manager(std::unique_ptr<ManagerCall> call);
+  // bus_ open (or opening) on success; -errno when no connection to the system bus can be made.
+  [[nodiscard]] int connect_bus();
+  // Lets go of bus_, after the calls it still waits for have been answered (by sd-bus, if broken).
+  void drop_bus();
 
   sd_event* event_;
   std::string run_dir_;

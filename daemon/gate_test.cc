@@ -5,12 +5,16 @@
 // in its environment (and the daemon's own), its own process group and no blocked signals, and is
 // reaped by the event loop, its exit status or the signal that killed it logged with the resource;
 // "none", a release, stop-units and kill-units without units, and a command that cannot start run
-// nothing. The D-Bus calls to systemd for units are left to the lab.
+// nothing. Against a private dbus-daemon (and a fake systemd on it): every KillUnit and StopUnit is
+// sent with the unit, and its error reply or its job is logged with the unit and the resource;
+// with no bus at all each is logged too; after the bus daemon is killed and started again, the
+// next action reaches the new one, whether or not the loop had seen the old connection close.
 #include "gate.h"
 
 #include <csignal>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include <fcntl.h>
@@ -26,7 +30,9 @@
 namespace blkfence::daemon {
 namespace {
 
+using testing::FakeSystemd;
 using testing::LogCapture;
+using testing::PrivateBus;
 using testing::run_until;
 using testing::TempDir;
 
@@ -311,6 +317,148 @@ TEST_F(CommandTest, ACommandThatExitsZeroIsLoggedAsFinished) {
   ASSERT_EQ(finished.size(), 1U) << log.dump();
   EXPECT_EQ(finished[0].priority, Priority::kInfo);
   EXPECT_EQ(finished[0].fields.resource, "pgdata");
+}
+
+// --- units, through the system bus -------------------------------------------------------------
+
+ResourceConfig with_units(OnFencedAction action, std::vector<std::string> units) {
+  ResourceConfig config;
+  config.name = "pgdata";
+  config.on_fenced = {.action = action, .command = {}};
+  config.units = std::move(units);
+  return config;
+}
+
+// What sd-bus answers in a reply's place when nothing owns the name (no systemd on this bus).
+constexpr const char* kNoSystemd =
+    "org.freedesktop.DBus.Error.ServiceUnknown: The name org.freedesktop.systemd1 was not provided "
+    "by any .service files";
+
+// A gate whose system bus is a private dbus-daemon (DBUS_SYSTEM_BUS_ADDRESS, which sd-bus reads).
+class BusTest : public GateTest {
+ protected:
+  void SetUp() override {
+    if (::access(PrivateBus::kProgram, X_OK) != 0) {
+      GTEST_SKIP() << PrivateBus::kProgram << " is missing: the bus tests need a dbus-daemon";
+    }
+    GateTest::SetUp();
+    bus_ = std::make_unique<PrivateBus>(dir_.path());
+    ASSERT_TRUE(bus_->start());
+    ASSERT_EQ(::setenv("DBUS_SYSTEM_BUS_ADDRESS", bus_->address().c_str(), 1), 0);
+  }
+  void TearDown() override {
+    systemd_.reset();
+    GateTest::TearDown();  // the gate's connection goes before the bus daemon does
+    bus_.reset();
+    ::unsetenv("DBUS_SYSTEM_BUS_ADDRESS");
+  }
+  // The records with text, once there are count of them (a failure after kDeadline).
+  std::vector<LogCapture::Record> await(const std::string& text, std::size_t count = 1) {
+    run_until(
+        event_, [&] { return log_.with(text).size() >= count; }, "a record: " + text);
+    return log_.with(text);
+  }
+  void serve_systemd() { systemd_ = std::make_unique<FakeSystemd>(event_, bus_->address()); }
+
+  LogCapture log_;
+  std::unique_ptr<PrivateBus> bus_;
+  std::unique_ptr<FakeSystemd> systemd_;
+};
+
+TEST_F(BusTest, AStopWithoutSystemdOnTheBusLogsTheErrorReplyWithUnitAndResource) {
+  gate_->act(with_units(OnFencedAction::kStopUnits, {"pg.service"}), key_of(0x6c9d000100000001),
+             Gate::Reason::kFenced);
+  const auto records = await("asking systemd to stop pg.service failed");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].priority, Priority::kErr);
+  EXPECT_NE(records[0].message.find(kNoSystemd), std::string::npos) << records[0].message;
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+}
+
+TEST_F(BusTest, KillUnitsSendsKillThenStopForEachUnitAndLogsEachAnswer) {
+  serve_systemd();
+  gate_->act(with_units(OnFencedAction::kKillUnits, {"pg.service", "gone.service"}),
+             key_of(0x6c9d000100000001), Gate::Reason::kLostContact);
+  await("systemd accepted", 2);
+  await("failed", 2);
+  EXPECT_EQ(
+      systemd_->calls(),
+      (std::vector<std::string>{"KillUnit pg.service all 9", "StopUnit pg.service replace",
+                                "KillUnit gone.service all 9", "StopUnit gone.service replace"}));
+  const auto killed = log_.with("systemd accepted: send SIGKILL to every process of pg.service");
+  ASSERT_EQ(killed.size(), 1U) << log_.dump();
+  EXPECT_EQ(killed[0].priority, Priority::kInfo);
+  EXPECT_EQ(killed[0].fields.resource, "pgdata");
+  const auto stopped = log_.with("systemd accepted: stop pg.service (job ");
+  ASSERT_EQ(stopped.size(), 1U) << log_.dump();
+  EXPECT_EQ(stopped[0].fields.resource, "pgdata");
+  // The unit systemd does not know: both error replies, with systemd's error name and message.
+  const auto not_killed = log_.with(
+      "asking systemd to send SIGKILL to every process of gone.service failed: "
+      "org.freedesktop.systemd1.NoSuchUnit: Unit gone.service not loaded.");
+  ASSERT_EQ(not_killed.size(), 1U) << log_.dump();
+  EXPECT_EQ(not_killed[0].priority, Priority::kErr);
+  EXPECT_EQ(not_killed[0].fields.resource, "pgdata");
+  const auto not_stopped = log_.with(
+      "asking systemd to stop gone.service failed: org.freedesktop.systemd1.NoSuchUnit: Unit "
+      "gone.service not loaded.");
+  ASSERT_EQ(not_stopped.size(), 1U) << log_.dump();
+  EXPECT_EQ(not_stopped[0].fields.resource, "pgdata");
+}
+
+TEST_F(BusTest, WithNoBusAtAllEveryKillAndStopIsLogged) {
+  bus_->kill();  // nothing listens on the address any more
+  gate_->act(with_units(OnFencedAction::kKillUnits, {"pg.service"}), key_of(0x6c9d000100000001),
+             Gate::Reason::kFenced);
+  const auto records = log_.with("cannot ask systemd to");
+  ASSERT_EQ(records.size(), 2U) << log_.dump();
+  EXPECT_NE(records[0].message.find("send SIGKILL to every process of pg.service: "),
+            std::string::npos)
+      << records[0].message;
+  EXPECT_NE(records[1].message.find("stop pg.service: "), std::string::npos) << records[1].message;
+  for (const auto& record : records) {
+    EXPECT_EQ(record.priority, Priority::kErr);
+    EXPECT_NE(record.message.find("no system bus"), std::string::npos) << record.message;
+    EXPECT_EQ(record.fields.resource, "pgdata");
+  }
+}
+
+TEST_F(BusTest, AfterTheBusRestartsTheNextStopReachesTheNewBus) {
+  const auto config = with_units(OnFencedAction::kStopUnits, {"pg.service"});
+  gate_->act(config, key_of(0x6c9d000100000001), Gate::Reason::kFenced);
+  ASSERT_EQ(await("asking systemd to stop pg.service failed").size(), 1U);
+  // As `systemctl restart dbus`: the gate sees its connection close, then a new daemon listens.
+  bus_->kill();
+  await("lost the connection to the system bus");
+  ASSERT_TRUE(bus_->start());
+  gate_->act(config, key_of(0x6c9d000100000002), Gate::Reason::kFenced);
+  const auto records = await("asking systemd to stop pg.service failed", 2);
+  ASSERT_EQ(records.size(), 2U) << log_.dump();
+  // An answer from a bus daemon: the new one, since the old one is dead.
+  EXPECT_NE(records[1].message.find(kNoSystemd), std::string::npos) << records[1].message;
+  EXPECT_EQ(records[1].fields.resource, "pgdata");
+  EXPECT_TRUE(log_.with("cannot ask systemd").empty()) << log_.dump();
+  // The closed connection was replaced before use: no call was tried on it.
+  EXPECT_TRUE(log_.with("the system bus connection broke").empty()) << log_.dump();
+}
+
+TEST_F(BusTest, ABreakTheLoopHasNotSeenYetIsRetriedOnANewConnection) {
+  const auto config = with_units(OnFencedAction::kStopUnits, {"pg.service"});
+  gate_->act(config, key_of(0x6c9d000100000001), Gate::Reason::kFenced);
+  ASSERT_EQ(await("asking systemd to stop pg.service failed").size(), 1U);
+  // The loop does not run between the restart and the next action: the gate's connection still
+  // looks open, and the call's write is what finds it broken.
+  bus_->kill();
+  ASSERT_TRUE(bus_->start());
+  serve_systemd();
+  gate_->act(config, key_of(0x6c9d000100000002), Gate::Reason::kFenced);
+  const auto records = await("systemd accepted: stop pg.service (job ");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+  EXPECT_EQ(systemd_->calls(), std::vector<std::string>{"StopUnit pg.service replace"});
+  EXPECT_TRUE(log_.with("cannot ask systemd").empty()) << log_.dump();
+  // The path this test is about: the write failed on the old connection, the call went again.
+  EXPECT_EQ(log_.with("the system bus connection broke").size(), 1U) << log_.dump();
 }
 
 }  // namespace
