@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -30,6 +31,8 @@ struct ManagerCall {
   std::optional<int> signal;  // KillUnit's
   std::string action;         // for messages: "stop postgresql@15-main.service"
   LogFields fields;
+  Gate* gate;   // which resends it, if a broken connection leaves it unanswered
+  bool resent;  // once only
 };
 
 namespace {
@@ -69,26 +72,6 @@ int on_disconnected(sd_bus_message*, void*, sd_bus_error*) {
   return 0;
 }
 
-// One what-and-how for every answer: systemd's error name and message, or the job it queued.
-int on_manager_reply(sd_bus_message* reply, void* userdata, sd_bus_error*) {
-  const auto& call = *static_cast<const ManagerCall*>(userdata);
-  if (const sd_bus_error* error = sd_bus_message_get_error(reply); error != nullptr) {
-    log(Priority::kErr,
-        "asking systemd to " + call.action + " failed: " + (error->name ? error->name : "?") +
-            ": " + (error->message ? error->message : "?") +
-            "; check the unit with 'systemctl status " + call.unit + "'",
-        call.fields);
-    return 0;
-  }
-  const char* job = nullptr;
-  if (call.method != "KillUnit" && sd_bus_message_read(reply, "o", &job) > 0) {
-    log(Priority::kInfo, "systemd accepted: " + call.action + " (job " + job + ")", call.fields);
-  } else {
-    log(Priority::kInfo, "systemd accepted: " + call.action, call.fields);
-  }
-  return 0;
-}
-
 // One on_fenced command, until the event loop reaps it.
 struct CommandRun {
   std::string program;
@@ -114,36 +97,17 @@ int on_child(sd_event_source* source, const siginfo_t* info, void* userdata) {
   return 0;
 }
 
-// Sends call without waiting; on success the reply's slot owns it (freed after on_manager_reply,
-// or with the connection).
-int send_call(sd_bus* bus, std::unique_ptr<ManagerCall>& call) {
-  sd_bus_slot* slot = nullptr;
-  const int r =
-      call->signal
-          ? sd_bus_call_method_async(bus, &slot, kSystemd, kManagerPath, kManagerInterface,
-                                     call->method.c_str(), on_manager_reply, call.get(), "ssi",
-                                     call->unit.c_str(), call->mode.c_str(), *call->signal)
-          : sd_bus_call_method_async(bus, &slot, kSystemd, kManagerPath, kManagerInterface,
-                                     call->method.c_str(), on_manager_reply, call.get(), "ss",
-                                     call->unit.c_str(), call->mode.c_str());
-  if (r < 0) {
-    return r;
-  }
-  (void)sd_bus_slot_set_destroy_callback(
-      slot, [](void* userdata) { delete static_cast<ManagerCall*>(userdata); });
-  (void)call.release();
-  (void)sd_bus_slot_set_floating(slot, 1);  // the connection keeps the slot until the reply
-  sd_bus_slot_unref(slot);
-  return 0;
-}
-
 }  // namespace
+
+// Out of line: ManagerCall is complete only here.
+Gate::Gate(sd_event* event, std::string run_dir) : event_(event), run_dir_(std::move(run_dir)) {}
 
 Gate::~Gate() {
   if (bus_ != nullptr) {
     (void)sd_bus_detach_event(bus_);
     sd_bus_flush_close_unref(bus_);
   }
+  sd_event_source_disable_unref(resend_);
 }
 
 std::string Gate::token_path(const std::string& resource) const {
@@ -175,6 +139,88 @@ void Gate::close(const std::string& resource) {
     log(Priority::kErr, "cannot remove the token " + path + ": " + std::strerror(errno),
         {.resource = resource, .key = {}, .epoch = {}, .device = {}, .message_id = {}});
   }
+}
+
+int Gate::on_manager_reply(sd_bus_message* reply, void* userdata, sd_bus_error*) {
+  const auto& call = *static_cast<const ManagerCall*>(userdata);
+  const sd_bus_error* error = sd_bus_message_get_error(reply);
+  if (error != nullptr && sd_bus_is_open(sd_bus_message_get_bus(reply)) <= 0 && !call.resent) {
+    // The connection broke before the answer came: sd-bus answers for systemd ("Connection
+    // terminated"), and the call may never have reached it (a bus daemon that exits drops what it
+    // has not read yet). Stops and kills can be repeated; send it once more.
+    log(Priority::kWarning,
+        "the system bus connection broke before systemd answered; asking again to " + call.action,
+        call.fields);
+    auto again = std::make_unique<ManagerCall>(call);
+    again->resent = true;
+    call.gate->resend_later(std::move(again));
+    return 0;
+  }
+  if (error != nullptr) {
+    log(Priority::kErr,
+        "asking systemd to " + call.action + " failed: " + (error->name ? error->name : "?") +
+            ": " + (error->message ? error->message : "?") +
+            "; check the unit with 'systemctl status " + call.unit + "'",
+        call.fields);
+    return 0;
+  }
+  const char* job = nullptr;
+  if (call.method != "KillUnit" && sd_bus_message_read(reply, "o", &job) > 0) {
+    log(Priority::kInfo, "systemd accepted: " + call.action + " (job " + job + ")", call.fields);
+  } else {
+    log(Priority::kInfo, "systemd accepted: " + call.action, call.fields);
+  }
+  return 0;
+}
+
+int Gate::send(std::unique_ptr<ManagerCall>& call) {
+  sd_bus_slot* slot = nullptr;
+  const int r =
+      call->signal
+          ? sd_bus_call_method_async(bus_, &slot, kSystemd, kManagerPath, kManagerInterface,
+                                     call->method.c_str(), on_manager_reply, call.get(), "ssi",
+                                     call->unit.c_str(), call->mode.c_str(), *call->signal)
+          : sd_bus_call_method_async(bus_, &slot, kSystemd, kManagerPath, kManagerInterface,
+                                     call->method.c_str(), on_manager_reply, call.get(), "ss",
+                                     call->unit.c_str(), call->mode.c_str());
+  if (r < 0) {
+    return r;
+  }
+  // Freed after on_manager_reply, or with the connection if it goes first.
+  (void)sd_bus_slot_set_destroy_callback(
+      slot, [](void* userdata) { delete static_cast<ManagerCall*>(userdata); });
+  (void)call.release();
+  (void)sd_bus_slot_set_floating(slot, 1);  // the connection keeps the slot until the reply
+  sd_bus_slot_unref(slot);
+  return 0;
+}
+
+void Gate::resend_later(std::unique_ptr<ManagerCall> call) {
+  to_resend_.push_back(std::move(call));
+  if (resend_ == nullptr) {
+    const int r = sd_event_add_defer(
+        event_, &resend_,
+        [](sd_event_source*, void* userdata) {
+          auto& gate = *static_cast<Gate*>(userdata);
+          auto calls = std::move(gate.to_resend_);
+          gate.to_resend_.clear();
+          (void)sd_event_source_set_enabled(gate.resend_, SD_EVENT_OFF);
+          for (auto& again : calls) {
+            gate.call_manager(std::move(again));
+          }
+          return 0;
+        },
+        this);
+    if (r < 0) {
+      resend_ = nullptr;
+      log(Priority::kErr,
+          "cannot ask systemd to " + to_resend_.back()->action + ": " + std::strerror(-r),
+          to_resend_.back()->fields);
+      to_resend_.pop_back();
+      return;
+    }
+  }
+  (void)sd_event_source_set_enabled(resend_, SD_EVENT_ON);
 }
 
 int Gate::connect_bus() {
@@ -211,7 +257,7 @@ void Gate::drop_bus() {
   }
   // Only a closed connection comes here (or one whose write just failed): sd-bus answers each call
   // it still waited for with a NoReply error, "Connection terminated", one per sd_bus_process();
-  // they are logged like any other failure before the connection goes.
+  // on_manager_reply sends them again (later, from the loop) before the connection goes.
   for (int i = 0; i < kDrainMax && sd_bus_process(bus_, nullptr) > 0; ++i) {
   }
   (void)sd_bus_detach_event(bus_);
@@ -221,18 +267,19 @@ void Gate::drop_bus() {
 void Gate::call_manager(std::unique_ptr<ManagerCall> call) {
   int r = connect_bus();
   if (r >= 0) {
-    r = send_call(bus_, call);
-    if (r < 0 && broken_connection(-r)) {
+    r = send(call);
+    if (r < 0 && broken_connection(-r) && !call->resent) {
       // It broke since its last use and the loop has not read that yet (a bus daemon restarted a
       // moment ago): once more, on a new connection.
       log(Priority::kWarning,
           "the system bus connection broke (" + std::string(std::strerror(-r)) +
               "); connecting again to " + call->action,
           call->fields);
+      call->resent = true;
       drop_bus();
       r = connect_bus();
       if (r >= 0) {
-        r = send_call(bus_, call);
+        r = send(call);
       }
     }
   }
@@ -276,14 +323,18 @@ void Gate::call_units(const ResourceConfig& config, bool kill) {
                       .mode = "all",
                       .signal = SIGKILL,
                       .action = "send SIGKILL to every process of " + unit,
-                      .fields = fields}));
+                      .fields = fields,
+                      .gate = this,
+                      .resent = false}));
     }
     call_manager(std::make_unique<ManagerCall>(ManagerCall{.method = "StopUnit",
                                                            .unit = unit,
                                                            .mode = "replace",
                                                            .signal = std::nullopt,
                                                            .action = "stop " + unit,
-                                                           .fields = fields}));
+                                                           .fields = fields,
+                                                           .gate = this,
+                                                           .resent = false}));
   }
 }
 
@@ -296,7 +347,9 @@ void Gate::reboot(const ResourceConfig& config) {
                                                          .mode = "replace-irreversibly",
                                                          .signal = std::nullopt,
                                                          .action = "start reboot.target",
-                                                         .fields = fields}));
+                                                         .fields = fields,
+                                                         .gate = this,
+                                                         .resent = false}));
 }
 
 void Gate::run_command(const ResourceConfig& config, std::optional<fence::Key> key, Reason reason) {

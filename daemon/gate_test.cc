@@ -8,7 +8,8 @@
 // nothing. Against a private dbus-daemon (and a fake systemd on it): every KillUnit and StopUnit is
 // sent with the unit, and its error reply or its job is logged with the unit and the resource;
 // with no bus at all each is logged too; after the bus daemon is killed and started again, the
-// next action reaches the new one, whether or not the loop had seen the old connection close.
+// next action reaches the new one, whether or not the loop had seen the old connection close, and
+// a call the old one left unanswered is sent again on the new one.
 #include "gate.h"
 
 #include <csignal>
@@ -358,7 +359,9 @@ class BusTest : public GateTest {
         event_, [&] { return log_.with(text).size() >= count; }, "a record: " + text);
     return log_.with(text);
   }
-  void serve_systemd() { systemd_ = std::make_unique<FakeSystemd>(event_, bus_->address()); }
+  void serve_systemd(const std::string& unanswered = {}) {
+    systemd_ = std::make_unique<FakeSystemd>(event_, bus_->address(), unanswered);
+  }
 
   LogCapture log_;
   std::unique_ptr<PrivateBus> bus_;
@@ -459,6 +462,28 @@ TEST_F(BusTest, ABreakTheLoopHasNotSeenYetIsRetriedOnANewConnection) {
   EXPECT_TRUE(log_.with("cannot ask systemd").empty()) << log_.dump();
   // The path this test is about: the write failed on the old connection, the call went again.
   EXPECT_EQ(log_.with("the system bus connection broke").size(), 1U) << log_.dump();
+}
+
+TEST_F(BusTest, ACallLeftUnansweredWhenTheBusDiedIsSentAgainOnTheNewBus) {
+  serve_systemd("pg.service");  // receives the stop and never answers
+  gate_->act(with_units(OnFencedAction::kStopUnits, {"pg.service"}), key_of(0x6c9d000100000001),
+             Gate::Reason::kFenced);
+  run_until(
+      event_, [&] { return !systemd_->calls().empty(); }, "the stop to reach systemd");
+  // The bus daemon goes with the call unanswered; a new one (and systemd on it) comes up before
+  // the gate's loop runs again.
+  bus_->kill();
+  systemd_.reset();
+  ASSERT_TRUE(bus_->start());
+  serve_systemd();
+  const auto records = await("systemd accepted: stop pg.service (job ");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+  EXPECT_EQ(systemd_->calls(), std::vector<std::string>{"StopUnit pg.service replace"});
+  const auto warnings = log_.with("broke before systemd answered; asking again to stop pg.service");
+  ASSERT_EQ(warnings.size(), 1U) << log_.dump();
+  EXPECT_EQ(warnings[0].fields.resource, "pgdata");
+  EXPECT_TRUE(log_.with("failed").empty()) << log_.dump();
 }
 
 }  // namespace

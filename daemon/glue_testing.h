@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
@@ -324,10 +325,12 @@ class PrivateBus {
 
 // org.freedesktop.systemd1 on a PrivateBus, served on event's loop: it records each call to its
 // manager ("StopUnit pg.service replace", "KillUnit pg.service all 9") and answers StopUnit and
-// StartUnit with a job, KillUnit with nothing, and any call for "gone.service" with NoSuchUnit.
+// StartUnit with a job, KillUnit with nothing, any call for "gone.service" with NoSuchUnit, and
+// none for the unit unanswered (as a bus daemon that exits before passing the call on).
 class FakeSystemd {
  public:
-  FakeSystemd(sd_event* event, const std::string& address) {
+  FakeSystemd(sd_event* event, const std::string& address, std::string unanswered = {})
+      : unanswered_(std::move(unanswered)) {
     if (sd_bus_new(&bus_) < 0 || sd_bus_set_address(bus_, address.c_str()) < 0 ||
         sd_bus_set_bus_client(bus_, 1) < 0 || sd_bus_start(bus_) < 0 ||
         sd_bus_request_name(bus_, "org.freedesktop.systemd1", 0) < 0 ||
@@ -366,6 +369,9 @@ class FakeSystemd {
       recorded += " " + std::to_string(signal);
     }
     self->calls_.push_back(recorded);
+    if (unit == self->unanswered_) {
+      return 1;  // handled: sd-bus sends nothing
+    }
     if (std::string(unit) == "gone.service") {
       return sd_bus_error_setf(error, "org.freedesktop.systemd1.NoSuchUnit", "Unit %s not loaded.",
                                unit);
@@ -377,6 +383,7 @@ class FakeSystemd {
     return sd_bus_reply_method_return(call, "o", job.c_str());
   }
 
+  std::string unanswered_;
   sd_bus* bus_ = nullptr;
   std::vector<std::string> calls_;
 };
