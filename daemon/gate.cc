@@ -273,7 +273,7 @@ void Gate::call_manager(std::unique_ptr<ManagerCall> call) {
       // moment ago): once more, on a new connection.
       log(Priority::kWarning,
           "the system bus connection broke (" + std::string(std::strerror(-r)) +
-              "); connecting again to " + call->action,
+              "); asking again to " + call->action,
           call->fields);
       call->resent = true;
       drop_bus();
