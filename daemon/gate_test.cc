@@ -5,11 +5,11 @@
 // in its environment (and the daemon's own), its own process group and no blocked signals, and is
 // reaped by the event loop, its exit status or the signal that killed it logged with the resource;
 // "none", a release, stop-units and kill-units without units, and a command that cannot start run
-// nothing. Against a private dbus-daemon (and a fake systemd on it): every KillUnit and StopUnit is
-// sent with the unit, and its error reply or its job is logged with the unit and the resource;
-// with no bus at all each is logged too; after the bus daemon is killed and started again, the
-// next action reaches the new one, whether or not the loop had seen the old connection close, and
-// a call the old one left unanswered is sent again on the new one.
+// nothing. Against a private dbus-daemon (and a fake systemd on it): every KillUnit and StopUnit
+// (and a reboot's StartUnit) is sent with the unit, and its error reply or its job is logged with
+// the unit and the resource; with no bus at all each is logged too; after the bus daemon is killed
+// and started again, the next action reaches the new one, whether or not the loop had seen the old
+// connection close, and a call the old one left unanswered is sent again on the new one.
 #include "gate.h"
 
 #include <csignal>
@@ -424,6 +424,28 @@ TEST_F(BusTest, WithNoBusAtAllEveryKillAndStopIsLogged) {
     EXPECT_NE(record.message.find("no system bus"), std::string::npos) << record.message;
     EXPECT_EQ(record.fields.resource, "pgdata");
   }
+}
+
+TEST_F(BusTest, RebootKillsAndStopsTheUnitsThenStartsRebootTargetAndLogsIt) {
+  serve_systemd();
+  const auto config = with_units(OnFencedAction::kReboot, {"pg.service"});
+  gate_->act(config, key_of(0x6c9d000100000001), Gate::Reason::kFenced);
+  const auto records = await("systemd accepted: start reboot.target (job ");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+  EXPECT_EQ(systemd_->calls(),
+            (std::vector<std::string>{"KillUnit pg.service all 9", "StopUnit pg.service replace",
+                                      "StartUnit reboot.target replace-irreversibly"}));
+}
+
+TEST_F(BusTest, ARebootWithNoBusIsLogged) {
+  bus_->kill();
+  const auto config = with_units(OnFencedAction::kReboot, {});
+  gate_->act(config, key_of(0x6c9d000100000001), Gate::Reason::kFenced);
+  const auto records = log_.with("cannot ask systemd to start reboot.target: ");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].priority, Priority::kErr);
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
 }
 
 TEST_F(BusTest, AfterTheBusRestartsTheNextStopReachesTheNewBus) {
