@@ -3,13 +3,19 @@
 // (a reader of the old one still reads a whole token) and is removed when the gate closes; an
 // on_fenced command runs with BLKFENCE_RESOURCE, BLKFENCE_REASON, BLKFENCE_KEY and BLKFENCE_EPOCH
 // in its environment (and the daemon's own), its own process group and no blocked signals, and is
-// reaped by the event loop; "none", a release, stop-units and kill-units without units, and a
-// command that cannot start run nothing. The D-Bus calls to systemd for units are left to the lab.
+// reaped by the event loop, its exit status or the signal that killed it logged with the resource;
+// "none", a release, stop-units and kill-units without units, and a command that cannot start run
+// nothing. Against a private dbus-daemon (and a fake systemd on it): every KillUnit and StopUnit
+// (and a reboot's StartUnit) is sent with the unit, and its error reply or its job is logged with
+// the unit and the resource; with no bus at all each is logged too; after the bus daemon is killed
+// and started again, the next action reaches the new one, whether or not the loop had seen the old
+// connection close, and a call the old one left unanswered is sent again on the new one.
 #include "gate.h"
 
 #include <csignal>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include <fcntl.h>
@@ -25,6 +31,9 @@
 namespace blkfence::daemon {
 namespace {
 
+using testing::FakeSystemd;
+using testing::LogCapture;
+using testing::PrivateBus;
 using testing::run_until;
 using testing::TempDir;
 
@@ -272,6 +281,231 @@ TEST_F(CommandTest, ACommandThatCannotStartIsReportedAndNothingRuns) {
   gate_->act(with_command(OnFencedAction::kCommand, script("echo ran")), key_of(0x6c9d000100000001),
              Gate::Reason::kFenced);
   EXPECT_EQ(report(), "ran\n");
+}
+
+TEST_F(CommandTest, ACommandKilledByASignalIsLoggedWithTheSignalsName) {
+  const LogCapture log;
+  gate_->act(with_command(OnFencedAction::kCommand, script("kill -KILL $$")),
+             key_of(0x6c9d00010000002a), Gate::Reason::kFenced);
+  EXPECT_EQ(report(), "");  // returns once the gate has reaped it, which is when it logs
+  const auto records = log.with("on_fenced command /bin/sh failed");
+  ASSERT_EQ(records.size(), 1U) << log.dump();
+  EXPECT_EQ(records[0].message, "on_fenced command /bin/sh failed: killed by SIGKILL");
+  EXPECT_EQ(records[0].priority, Priority::kErr);
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+  EXPECT_EQ(records[0].fields.key, 0x6c9d00010000002aU);
+  EXPECT_EQ(records[0].fields.epoch, 42U);
+}
+
+TEST_F(CommandTest, ANonZeroExitIsLoggedWithTheStatus) {
+  const LogCapture log;
+  gate_->act(with_command(OnFencedAction::kCommand, script("exit 3")), key_of(0x6c9d000100000001),
+             Gate::Reason::kLostContact);
+  EXPECT_EQ(report(), "");
+  const auto records = log.with("on_fenced command /bin/sh failed");
+  ASSERT_EQ(records.size(), 1U) << log.dump();
+  EXPECT_EQ(records[0].message, "on_fenced command /bin/sh failed: exit status 3");
+  EXPECT_EQ(records[0].priority, Priority::kErr);
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+}
+
+TEST_F(CommandTest, ACommandThatExitsZeroIsLoggedAsFinished) {
+  const LogCapture log;
+  gate_->act(with_command(OnFencedAction::kCommand, script("exit 0")), key_of(0x6c9d000100000001),
+             Gate::Reason::kFenced);
+  EXPECT_EQ(report(), "");
+  const auto finished = log.with("on_fenced command /bin/sh finished");
+  ASSERT_EQ(finished.size(), 1U) << log.dump();
+  EXPECT_EQ(finished[0].priority, Priority::kInfo);
+  EXPECT_EQ(finished[0].fields.resource, "pgdata");
+}
+
+// --- units, through the system bus -------------------------------------------------------------
+
+ResourceConfig with_units(OnFencedAction action, std::vector<std::string> units) {
+  ResourceConfig config;
+  config.name = "pgdata";
+  config.on_fenced = {.action = action, .command = {}};
+  config.units = std::move(units);
+  return config;
+}
+
+// What sd-bus answers in a reply's place when nothing owns the name (no systemd on this bus).
+constexpr const char* kNoSystemd =
+    "org.freedesktop.DBus.Error.ServiceUnknown: The name org.freedesktop.systemd1 was not provided "
+    "by any .service files";
+
+// A gate whose system bus is a private dbus-daemon (DBUS_SYSTEM_BUS_ADDRESS, which sd-bus reads).
+class BusTest : public GateTest {
+ protected:
+  void SetUp() override {
+    if (::access(PrivateBus::kProgram, X_OK) != 0) {
+      GTEST_SKIP() << PrivateBus::kProgram << " is missing: the bus tests need a dbus-daemon";
+    }
+    GateTest::SetUp();
+    bus_ = std::make_unique<PrivateBus>(dir_.path());
+    ASSERT_TRUE(bus_->start());
+    ASSERT_EQ(::setenv("DBUS_SYSTEM_BUS_ADDRESS", bus_->address().c_str(), 1), 0);
+  }
+  void TearDown() override {
+    systemd_.reset();
+    GateTest::TearDown();  // the gate's connection goes before the bus daemon does
+    bus_.reset();
+    ::unsetenv("DBUS_SYSTEM_BUS_ADDRESS");
+  }
+  // The records with text, once there are count of them (a failure after kDeadline).
+  std::vector<LogCapture::Record> await(const std::string& text, std::size_t count = 1) {
+    run_until(
+        event_, [&] { return log_.with(text).size() >= count; }, "a record: " + text);
+    return log_.with(text);
+  }
+  void serve_systemd(const std::string& unanswered = {}) {
+    systemd_ = std::make_unique<FakeSystemd>(event_, bus_->address(), unanswered);
+  }
+
+  LogCapture log_;
+  std::unique_ptr<PrivateBus> bus_;
+  std::unique_ptr<FakeSystemd> systemd_;
+};
+
+TEST_F(BusTest, AStopWithoutSystemdOnTheBusLogsTheErrorReplyWithUnitAndResource) {
+  gate_->act(with_units(OnFencedAction::kStopUnits, {"pg.service"}), key_of(0x6c9d000100000001),
+             Gate::Reason::kFenced);
+  const auto records = await("asking systemd to stop pg.service failed");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].priority, Priority::kErr);
+  EXPECT_NE(records[0].message.find(kNoSystemd), std::string::npos) << records[0].message;
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+}
+
+TEST_F(BusTest, KillUnitsSendsKillThenStopForEachUnitAndLogsEachAnswer) {
+  serve_systemd();
+  gate_->act(with_units(OnFencedAction::kKillUnits, {"pg.service", "gone.service"}),
+             key_of(0x6c9d000100000001), Gate::Reason::kLostContact);
+  await("systemd accepted", 2);
+  await("failed", 2);
+  EXPECT_EQ(
+      systemd_->calls(),
+      (std::vector<std::string>{"KillUnit pg.service all 9", "StopUnit pg.service replace",
+                                "KillUnit gone.service all 9", "StopUnit gone.service replace"}));
+  const auto killed = log_.with("systemd accepted: send SIGKILL to every process of pg.service");
+  ASSERT_EQ(killed.size(), 1U) << log_.dump();
+  EXPECT_EQ(killed[0].priority, Priority::kInfo);
+  EXPECT_EQ(killed[0].fields.resource, "pgdata");
+  const auto stopped = log_.with("systemd accepted: stop pg.service (job ");
+  ASSERT_EQ(stopped.size(), 1U) << log_.dump();
+  EXPECT_EQ(stopped[0].fields.resource, "pgdata");
+  // The unit systemd does not know: both error replies, with systemd's error name and message.
+  const auto not_killed = log_.with(
+      "asking systemd to send SIGKILL to every process of gone.service failed: "
+      "org.freedesktop.systemd1.NoSuchUnit: Unit gone.service not loaded.");
+  ASSERT_EQ(not_killed.size(), 1U) << log_.dump();
+  EXPECT_EQ(not_killed[0].priority, Priority::kErr);
+  EXPECT_EQ(not_killed[0].fields.resource, "pgdata");
+  const auto not_stopped = log_.with(
+      "asking systemd to stop gone.service failed: org.freedesktop.systemd1.NoSuchUnit: Unit "
+      "gone.service not loaded.");
+  ASSERT_EQ(not_stopped.size(), 1U) << log_.dump();
+  EXPECT_EQ(not_stopped[0].fields.resource, "pgdata");
+}
+
+TEST_F(BusTest, WithNoBusAtAllEveryKillAndStopIsLogged) {
+  bus_->kill();  // nothing listens on the address any more
+  gate_->act(with_units(OnFencedAction::kKillUnits, {"pg.service"}), key_of(0x6c9d000100000001),
+             Gate::Reason::kFenced);
+  const auto records = log_.with("cannot ask systemd to");
+  ASSERT_EQ(records.size(), 2U) << log_.dump();
+  EXPECT_NE(records[0].message.find("send SIGKILL to every process of pg.service: "),
+            std::string::npos)
+      << records[0].message;
+  EXPECT_NE(records[1].message.find("stop pg.service: "), std::string::npos) << records[1].message;
+  for (const auto& record : records) {
+    EXPECT_EQ(record.priority, Priority::kErr);
+    EXPECT_NE(record.message.find("no system bus"), std::string::npos) << record.message;
+    EXPECT_EQ(record.fields.resource, "pgdata");
+  }
+}
+
+TEST_F(BusTest, RebootKillsAndStopsTheUnitsThenStartsRebootTargetAndLogsIt) {
+  serve_systemd();
+  const auto config = with_units(OnFencedAction::kReboot, {"pg.service"});
+  gate_->act(config, key_of(0x6c9d000100000001), Gate::Reason::kFenced);
+  const auto records = await("systemd accepted: start reboot.target (job ");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+  EXPECT_EQ(systemd_->calls(),
+            (std::vector<std::string>{"KillUnit pg.service all 9", "StopUnit pg.service replace",
+                                      "StartUnit reboot.target replace-irreversibly"}));
+}
+
+TEST_F(BusTest, ARebootWithNoBusIsLogged) {
+  bus_->kill();
+  const auto config = with_units(OnFencedAction::kReboot, {});
+  gate_->act(config, key_of(0x6c9d000100000001), Gate::Reason::kFenced);
+  const auto records = log_.with("cannot ask systemd to start reboot.target: ");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].priority, Priority::kErr);
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+}
+
+TEST_F(BusTest, AfterTheBusRestartsTheNextStopReachesTheNewBus) {
+  const auto config = with_units(OnFencedAction::kStopUnits, {"pg.service"});
+  gate_->act(config, key_of(0x6c9d000100000001), Gate::Reason::kFenced);
+  ASSERT_EQ(await("asking systemd to stop pg.service failed").size(), 1U);
+  // As `systemctl restart dbus`: the gate sees its connection close, then a new daemon listens.
+  bus_->kill();
+  await("lost the connection to the system bus");
+  ASSERT_TRUE(bus_->start());
+  gate_->act(config, key_of(0x6c9d000100000002), Gate::Reason::kFenced);
+  const auto records = await("asking systemd to stop pg.service failed", 2);
+  ASSERT_EQ(records.size(), 2U) << log_.dump();
+  // An answer from a bus daemon: the new one, since the old one is dead.
+  EXPECT_NE(records[1].message.find(kNoSystemd), std::string::npos) << records[1].message;
+  EXPECT_EQ(records[1].fields.resource, "pgdata");
+  EXPECT_TRUE(log_.with("cannot ask systemd").empty()) << log_.dump();
+  // The closed connection was replaced before use: no call was tried on it.
+  EXPECT_TRUE(log_.with("the system bus connection broke").empty()) << log_.dump();
+}
+
+TEST_F(BusTest, ABreakTheLoopHasNotSeenYetIsRetriedOnANewConnection) {
+  const auto config = with_units(OnFencedAction::kStopUnits, {"pg.service"});
+  gate_->act(config, key_of(0x6c9d000100000001), Gate::Reason::kFenced);
+  ASSERT_EQ(await("asking systemd to stop pg.service failed").size(), 1U);
+  // The loop does not run between the restart and the next action: the gate's connection still
+  // looks open, and the call's write is what finds it broken.
+  bus_->kill();
+  ASSERT_TRUE(bus_->start());
+  serve_systemd();
+  gate_->act(config, key_of(0x6c9d000100000002), Gate::Reason::kFenced);
+  const auto records = await("systemd accepted: stop pg.service (job ");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+  EXPECT_EQ(systemd_->calls(), std::vector<std::string>{"StopUnit pg.service replace"});
+  EXPECT_TRUE(log_.with("cannot ask systemd").empty()) << log_.dump();
+  // The path this test is about: the write failed on the old connection, the call went again.
+  EXPECT_EQ(log_.with("the system bus connection broke").size(), 1U) << log_.dump();
+}
+
+TEST_F(BusTest, ACallLeftUnansweredWhenTheBusDiedIsSentAgainOnTheNewBus) {
+  serve_systemd("pg.service");  // receives the stop and never answers
+  gate_->act(with_units(OnFencedAction::kStopUnits, {"pg.service"}), key_of(0x6c9d000100000001),
+             Gate::Reason::kFenced);
+  run_until(
+      event_, [&] { return !systemd_->calls().empty(); }, "the stop to reach systemd");
+  // The bus daemon goes with the call unanswered; a new one (and systemd on it) comes up before
+  // the gate's loop runs again.
+  bus_->kill();
+  systemd_.reset();
+  ASSERT_TRUE(bus_->start());
+  serve_systemd();
+  const auto records = await("systemd accepted: stop pg.service (job ");
+  ASSERT_EQ(records.size(), 1U) << log_.dump();
+  EXPECT_EQ(records[0].fields.resource, "pgdata");
+  EXPECT_EQ(systemd_->calls(), std::vector<std::string>{"StopUnit pg.service replace"});
+  const auto warnings = log_.with("broke before systemd answered; asking again to stop pg.service");
+  ASSERT_EQ(warnings.size(), 1U) << log_.dump();
+  EXPECT_EQ(warnings[0].fields.resource, "pgdata");
+  EXPECT_TRUE(log_.with("failed").empty()) << log_.dump();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/uio.h>
@@ -17,6 +18,7 @@ namespace {
 
 LogTarget g_target = LogTarget::kAuto;
 bool g_debug = false;
+LogSink g_sink;  // tests only
 
 bool use_journal() {
   if (g_target == LogTarget::kAuto) {
@@ -34,8 +36,15 @@ void set_log_target(LogTarget target) {
 void set_log_debug(bool debug) {
   g_debug = debug;
 }
+void set_log_sink_for_testing(LogSink sink) {
+  g_sink = std::move(sink);
+}
 
 void log(Priority priority, const std::string& message, const LogFields& fields) {
+  if (g_sink) {
+    g_sink(priority, message, fields);
+    return;
+  }
   if (priority == Priority::kDebug && !g_debug) {
     return;
   }

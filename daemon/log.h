@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,5 +39,10 @@ void set_log_target(LogTarget target);
 void set_log_debug(bool debug);
 
 void log(Priority priority, const std::string& message, const LogFields& fields = {});
+
+// Tests only: while a sink is set, every record (debug ones too) goes to it instead of the journal
+// or stderr, so that a test can assert what was logged and with which fields. Empty restores.
+using LogSink = std::function<void(Priority, const std::string&, const LogFields&)>;
+void set_log_sink_for_testing(LogSink sink);
 
 }  // namespace blkfence::daemon
