@@ -56,9 +56,11 @@ TEST_F(ResourceTest, LostContactClosesTheGateAfterTheLeaseAndReopensForASoleHold
     a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
   }
   ASSERT_TRUE(run_until([&] { return a->resource->gate_open(); }));
-  // A read already in flight must time out first; the next check then sees the key.
+  // A read already in flight must time out first: then it fails over to the other path, which
+  // answers, or (sent to it before the link came back) times out there too and the next check
+  // sees the key. Either way the check that reopens was issued less than a timeout before.
   EXPECT_LE(now() - back, kCheckInterval + kCommandTimeout + 4 * kLatencyMax);
-  EXPECT_GE(a->recorder.gates.back().verified_since, back);
+  EXPECT_GT(a->recorder.gates.back().verified_since, back - kCommandTimeout);
   EXPECT_EQ(a->resource->state(), State::kHeld);
   EXPECT_EQ(a->resource->key(), key);
   EXPECT_EQ(a->recorder.count(EventKind::kContactRestored), 1U);
@@ -172,8 +174,10 @@ TEST_F(ResourceTest, ARoundWithAFailedReadStillFencesOnWhatItsOtherReadsShow) {
   EXPECT_EQ(a->resource->state(), State::kFenced);
   EXPECT_EQ(a->resource->fenced_by(), key_b.value());
   EXPECT_EQ(a->recorder.count(EventKind::kLostContact), 0U);
-  EXPECT_LE(now(), preempted + kCheckInterval + kCommandTimeout + 4 * kLatencyMax);
-  EXPECT_LT(now(), last_success + kLease);
+  // The round ends when that LU's read has timed out on each of A's two paths (docs/protocol.md,
+  // "Reads and paths"): on this bench, just as the lease would run out.
+  EXPECT_LE(now(), preempted + kCheckInterval + 2 * kCommandTimeout + 4 * kLatencyMax);
+  EXPECT_LE(now(), last_success + kLease);
 }
 
 // A stray is preempted only once a keys read at least one check_interval after the first that

@@ -2,7 +2,8 @@
 // resource_test_bench.h: a new path of a held LU is registered with the current key, never after
 // a fence (S5), taken back when a preempt landed just before it, and never taken back unread when
 // the read after its REGISTER fails (S4: the monitor reads at once instead); a release asked for
-// meanwhile waits for the registration instead of failing.
+// meanwhile waits for the registration instead of failing; one hung path of a multipath LU never
+// costs contact while the other path answers.
 #include <gtest/gtest.h>
 
 #include "resource_test_bench.h"
@@ -175,6 +176,49 @@ TEST_F(ResourceTest, AReleaseDuringANewPathRegistrationWaitsForItInsteadOfFailin
   EXPECT_FALSE(a->resource->gate_open());
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}))
       << "the new path was registered first";
+}
+
+// One path of every LU stops answering (its commands vanish, as behind a dead link the host has
+// not noticed), later it comes back and the other one hangs: the monitor's reads get through the
+// path that answers, the gate stays open, there is no lost contact, and after the round that
+// found a path hung it is not read from again while the other answers.
+TEST_F(ResourceTest, AHungPathOfAMultipathLuNeverCostsContact) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  run_for(kCheckInterval);
+  std::size_t hung_path = 0;
+  const auto hung = [&hung_path](NexusId nexus) {
+    return node_of_nexus(nexus) == kNodeA && nexus % 10U == hung_path;  // of every LU
+  };
+  a->faults = [&hung](const FaultContext& c) {
+    Fault fault;
+    fault.drop_request = hung(c.nexus);
+    return fault;
+  };
+  const Time cut = now();
+  for (const std::size_t path : {0U, 1U}) {
+    hung_path = path;
+    const std::size_t from = sent.size();
+    const Time hung_at = now();
+    run_for(5 * kLease);
+    std::size_t late = 0;
+    for (const Sent& s : a->sent_since(from)) {
+      // The round under way when the path hung, and the next, may still start on it.
+      if (hung(s.nexus) && s.at >= hung_at + 2 * (kCheckInterval + kCommandTimeout)) {
+        ++late;
+      }
+    }
+    EXPECT_EQ(late, 0U) << "path " << path
+                        << " is tried first only in the round that found it hung";
+  }
+  EXPECT_EQ(a->recorder.count(EventKind::kLostContact), 0U);
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_EQ(a->resource->key(), key);
+  for (const Recorder::Gate& gate : a->recorder.gates) {
+    EXPECT_TRUE(gate.at < cut || gate.open) << "the gate closed at " << gate.at.count() << " ns";
+  }
+  a->faults = nullptr;
 }
 
 }  // namespace

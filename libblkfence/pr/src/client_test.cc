@@ -2,8 +2,9 @@
 // of a LU; a command that meets a unit attention is retried and takes effect, and the attempt is
 // recorded, unless the request asked to stop when the registrations changed; every attempt's tag
 // names its request; RESERVATION CONFLICT is never retried; a lost answer is indeterminate, never
-// "failed", and not retried; reads fail over to the next path on a transport error while PR OUT
-// does not; one batch covers many LUs.
+// "failed", and not retried; reads fail over to the next path on a transport error or a timeout
+// while PR OUT does not; a read starts on the path that last answered, a path whose read timed out
+// goes last until it answers again; one batch covers many LUs.
 #include "blkfence/pr/client.h"
 
 #include <map>
@@ -218,6 +219,77 @@ TEST_F(ClientTest, ReadsFailOverToTheNextPathButPrOutDoesNot) {
   const auto reserve = client_->reserve({a_[0]}, kKeyA, kWeRo);
   ASSERT_FALSE(reserve[0].value.has_value());
   EXPECT_EQ(reserve[0].attempts.size(), 1U);
+  EXPECT_FALSE(target_.reservation(lus_[0]).has_value());
+}
+
+// A path of a multipath LU that never answers (its commands vanish): a read gets its answer through
+// the other path in the same request, and the next read goes to that path first.
+TEST_F(ClientTest, AReadThatTimesOutFailsOverAndTheNextStartsOnThePathThatAnswered) {
+  ASSERT_TRUE(client_->register_and_ignore(a_, kKeyA)[0].value);
+  std::vector<transport::NexusId> sent;
+  transport::NexusId hung = kNexusA1;  // its commands vanish
+  transport::NexusId down = 0;         // its commands fail at once (DID_NO_CONNECT)
+  use_faults([&](const FaultContext& c) {
+    sent.push_back(c.nexus);
+    Fault fault;
+    fault.drop_request = c.nexus == hung;
+    fault.transport_error = c.nexus == down;
+    return fault;
+  });
+
+  const auto keys = client_->read_keys({a_[0]});
+  ASSERT_TRUE(keys[0].value.has_value()) << keys[0].value.error().message();
+  EXPECT_EQ(keys[0].value->keys, (std::vector<std::uint64_t>{kKeyA, kKeyA}));
+  ASSERT_EQ(keys[0].attempts.size(), 2U);
+  EXPECT_EQ(keys[0].attempts[0].device, "/dev/sg-a0-1");
+  EXPECT_EQ(keys[0].attempts[0].outcome, Outcome::kIndeterminate);
+  EXPECT_EQ(keys[0].attempts[1].device, "/dev/sg-a0-2");
+  EXPECT_EQ(keys[0].attempts[1].outcome, Outcome::kGood);
+
+  sent.clear();
+  for (int round = 0; round < 3; ++round) {
+    const auto again = client_->read_reservation({a_[0]});
+    ASSERT_TRUE(again[0].value.has_value()) << again[0].value.error().message();
+    ASSERT_EQ(again[0].attempts.size(), 1U) << "round " << round;
+    EXPECT_EQ(again[0].attempts[0].device, "/dev/sg-a0-2");
+  }
+  EXPECT_EQ(sent, (std::vector<transport::NexusId>{kNexusA2, kNexusA2, kNexusA2}))
+      << "the hung path is not tried first again";
+
+  // The path that answers goes first; the one that timed out comes back only when it answers.
+  hung = 0;
+  down = kNexusA2;
+  sent.clear();
+  ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
+  ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
+  EXPECT_EQ(sent, (std::vector<transport::NexusId>{kNexusA2, kNexusA1, kNexusA1}));
+}
+
+// A PR OUT whose answer never comes may still execute where it was sent (S4): it is indeterminate
+// and never sent again through another device, even one its request lists, and even when a read
+// of the same LU failed over from that path just before.
+TEST_F(ClientTest, APrOutThatTimesOutIsNotResentOnAnotherPath) {
+  ASSERT_TRUE(client_->register_and_ignore(a_, kKeyA)[0].value);
+  std::vector<transport::NexusId> sent;
+  use_faults([&](const FaultContext& c) {
+    sent.push_back(c.nexus);
+    Fault fault;
+    fault.drop_request = c.nexus == kNexusA1;
+    return fault;
+  });
+  ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
+  sent.clear();
+  Request reserve = prout_first_path(a_[0], codec::prout_reserve(kKeyA, kWeRo), "RESERVE");
+  reserve.devices = {"/dev/sg-a0-1", "/dev/sg-a0-2"};
+  std::vector<Request> requests;
+  requests.push_back(std::move(reserve));
+  const auto responses = client_->run(std::move(requests));
+  ASSERT_EQ(responses.size(), 1U);
+  ASSERT_FALSE(responses[0].data.has_value());
+  EXPECT_EQ(responses[0].data.error().code(), ErrorCode::kIndeterminate);
+  ASSERT_EQ(responses[0].attempts.size(), 1U);
+  EXPECT_EQ(responses[0].attempts[0].device, "/dev/sg-a0-1") << "sent where the caller said";
+  EXPECT_EQ(sent, (std::vector<transport::NexusId>{kNexusA1}));
   EXPECT_FALSE(target_.reservation(lus_[0]).has_value());
 }
 

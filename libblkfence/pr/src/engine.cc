@@ -2,6 +2,7 @@
 #include "blkfence/pr/engine.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 
 #include "blkfence/assert.h"
@@ -74,6 +75,42 @@ Result<transport::PathId> Engine::path_for(const std::string& device) {
   return path;
 }
 
+void Engine::order_for_read(std::vector<std::string>& devices) const {
+  const auto standing_of = [this](const std::string& device) {
+    const auto it = standing_.find(device);
+    return it == standing_.end() ? Standing{} : it->second;
+  };
+  // Stable: paths with nothing learnt keep the caller's order (the first path first).
+  std::stable_sort(devices.begin(), devices.end(),
+                   [&standing_of](const std::string& a, const std::string& b) {
+                     const Standing sa = standing_of(a);
+                     const Standing sb = standing_of(b);
+                     if (sa.timed_out != sb.timed_out) {
+                       return sb.timed_out;
+                     }
+                     return sa.answered > sb.answered;
+                   });
+}
+
+void Engine::note_read(const std::string& device, Outcome outcome, int os_errno) {
+  Standing& standing = standing_[device];
+  switch (outcome) {
+    case Outcome::kGood:
+      standing = Standing{.answered = next_answer_++, .timed_out = false};
+      return;
+    case Outcome::kIndeterminate: standing.timed_out = true; return;
+    case Outcome::kOsError:
+      // The command waited in the transport's queue until its deadline (no worker free for that
+      // path): as slow as a timeout.
+      if (os_errno == ETIMEDOUT) {
+        standing.timed_out = true;
+      }
+      return;
+    case Outcome::kTransportError: return;        // fails at once: costs no time where it stands
+    default: standing.timed_out = false; return;  // the LU answered, if not with the data
+  }
+}
+
 void Engine::start(std::vector<Request> requests, Time now, Done done) {
   const std::uint64_t id = next_batch_++;
   auto batch = std::make_unique<Batch>();
@@ -85,6 +122,11 @@ void Engine::start(std::vector<Request> requests, Time now, Done done) {
   batch->slots.resize(requests.size());
   for (Slot& slot : batch->slots) {
     slot.request = next_request_++;
+  }
+  for (Request& request : requests) {
+    if (request.is_read) {
+      order_for_read(request.devices);
+    }
   }
   batch->requests = std::move(requests);
   batch->done = std::move(done);
@@ -165,6 +207,9 @@ void Engine::on_completion(transport::Completion completion, Time now) {
     attempt.sense = codec::decode_sense(completion.sense);
   }
   batch.responses[index].attempts.push_back(attempt);
+  if (request.is_read) {
+    note_read(attempt.device, completion.outcome, completion.os_errno);
+  }
   const bool more_paths = request.is_read && slot.candidate + 1 < request.devices.size();
   const auto later = [&] {
     slot.backoff = slot.backoff.count() == 0 ? policy_.backoff_first
@@ -219,14 +264,16 @@ void Engine::on_completion(transport::Completion completion, Time now) {
         }
       case Outcome::kTransportError:
       case Outcome::kOsError:
+      case Outcome::kIndeterminate:
+        // A read has no side effect: whatever became of it on this path, asking another path is
+        // safe. A PR OUT is never sent twice (S4: it may still execute where it timed out).
         if (more_paths) {
           ++slot.candidate;
           submit(batch, index, now);
           return true;
         }
         return false;
-      case Outcome::kReservationConflict:
-      case Outcome::kIndeterminate: return false;
+      case Outcome::kReservationConflict: return false;
     }
     return false;
   };

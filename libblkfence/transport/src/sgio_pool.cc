@@ -13,6 +13,13 @@
 // has somewhere to return to. State shared with workers is guarded by Pool::mutex; the transport
 // object itself is used from one thread.
 //
+// A hung path (an SG_IO that never returns: a link the host has not declared dead, a target that
+// swallows the command) must not stall the other paths' commands: a worker takes the oldest queued
+// job whose path has fewer than SgioOptions::per_path_max jobs in SG_IO (stuck ones included), and
+// each job that overran its deadline in SG_IO gets a new worker beside it, so that `threads`
+// workers stay free for the paths that answer (at most kWorkersMax in all). A hung path's own
+// further commands wait for its workers and end kOsError/ETIMEDOUT, never sent.
+//
 // Workers run with every signal blocked: SG_IO on sg sleeps interruptibly, and a signal would
 // orphan the command (sg.c: SG_IO returns -EINTR and the command runs on unseen).
 #include <algorithm>
@@ -40,8 +47,12 @@ namespace detail {
 namespace {
 
 // Each SG_IO in flight on /dev/sgN holds one of the fd's 16 request slots (sg.c: SG_MAX_QUEUE),
-// stuck ones included; with at most 16 threads no SG_IO ever fails with EDOM.
-constexpr std::size_t kThreadsMax = kSgQueueDepth;
+// stuck ones included; with at most 16 per path no SG_IO ever fails with EDOM.
+constexpr std::size_t kPerPathMax = kSgQueueDepth;
+// The workers kept free for the paths that answer (SgioOptions::threads), and the workers in all,
+// those stuck in SG_IO past their command's deadline included.
+constexpr std::size_t kThreadsMax = 16;
+constexpr std::size_t kWorkersMax = 64;
 constexpr std::size_t kQueueMax = 4096;
 
 // A path's fd, shared by the transport and the jobs on it: closed after the last one returns.
@@ -80,11 +91,12 @@ struct Job {
 };
 
 struct Pool {
-  Pool(SgIoFunction function, Wakeup pool_wakeup, std::size_t threads)
-      : sg_io(std::move(function)), wakeup(std::move(pool_wakeup)), exited(threads, false) {}
+  Pool(SgIoFunction function, Wakeup pool_wakeup, std::size_t per_path)
+      : sg_io(std::move(function)), wakeup(std::move(pool_wakeup)), per_path_max(per_path) {}
 
   const SgIoFunction sg_io;
   Wakeup wakeup;  // workers only call notify()
+  const std::size_t per_path_max;
 
   std::mutex mutex;
   std::condition_variable work_cv;  // a job was queued, or stopping
@@ -92,27 +104,41 @@ struct Pool {
   // Guarded by mutex.
   std::deque<std::shared_ptr<Job>> queue;
   std::vector<std::shared_ptr<Job>> done;
-  std::vector<bool> exited;  // per worker
-  std::size_t busy = 0;      // workers inside sg_io()
+  std::vector<bool> exited;                          // per worker
+  std::size_t busy = 0;                              // workers inside sg_io()
+  std::size_t zombies = 0;                           // of those, the ones whose job is kDropped
+  std::unordered_map<PathId, std::size_t> in_sg_io;  // workers inside sg_io() per path
   bool stopping = false;
+
+  // The oldest queued job whose path may take another worker. mutex held.
+  std::deque<std::shared_ptr<Job>>::iterator runnable() {
+    return std::find_if(queue.begin(), queue.end(), [this](const std::shared_ptr<Job>& job) {
+      const auto it = in_sg_io.find(job->path);
+      return it == in_sg_io.end() || it->second < per_path_max;
+    });
+  }
 };
 
 void run_worker(const std::shared_ptr<Pool>& pool, std::size_t index) {
   std::unique_lock lock(pool->mutex);
   for (;;) {
-    pool->work_cv.wait(lock, [&pool] { return pool->stopping || !pool->queue.empty(); });
+    pool->work_cv.wait(lock,
+                       [&pool] { return pool->stopping || pool->runnable() != pool->queue.end(); });
     if (pool->stopping) {
       break;
     }
-    std::shared_ptr<Job> job = std::move(pool->queue.front());
-    pool->queue.pop_front();
+    const auto next = pool->runnable();
+    std::shared_ptr<Job> job = std::move(*next);
+    pool->queue.erase(next);
     job->state = JobState::kRunning;
     job->started = Clock::now();
     ++pool->busy;
+    ++pool->in_sg_io[job->path];
     lock.unlock();
     const int result = pool->sg_io(job->fd->fd.get(), job->request.header());
     lock.lock();
     job->result = result;
+    const PathId path = job->path;
     if (job->state == JobState::kRunning) {
       job->state = JobState::kDone;
       pool->done.push_back(std::move(job));
@@ -121,8 +147,14 @@ void run_worker(const std::shared_ptr<Pool>& pool, std::size_t index) {
       // kDropped: the caller had kIndeterminate already. Its buffers, and maybe its path's fd, go
       // now, before busy says this worker is free.
       job.reset();
+      --pool->zombies;
     }
     --pool->busy;
+    if (--pool->in_sg_io[path] == 0) {
+      pool->in_sg_io.erase(path);
+    }
+    // The path may take a worker again: another worker may be waiting for that.
+    pool->work_cv.notify_all();
     pool->done_cv.notify_all();
   }
   pool->exited[index] = true;
@@ -157,26 +189,15 @@ class SgioTransport final : public TransportImpl {
     }
   }
 
-  // Starts the workers with every signal blocked (they inherit the mask).
+  // Starts the workers.
   [[nodiscard]] Result<void> start(std::size_t threads) {
-    sigset_t all;
-    sigset_t previous;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &previous);
-    Result<void> started;
+    std::lock_guard lock(pool_->mutex);
     for (std::size_t i = 0; i < threads; ++i) {
-      try {
-        threads_.emplace_back(run_worker, pool_, i);
-      } catch (const std::system_error& error) {
-        // std::thread reports a failed pthread_create() only by throwing.
-        started = tl::unexpected(Error::os(error.code().value(), "starting SG_IO worker threads"));
-        std::lock_guard lock(pool_->mutex);
-        pool_->exited.resize(threads_.size());
-        break;
+      if (auto spawned = spawn(); !spawned) {
+        return spawned;
       }
     }
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-    return started;
+    return {};
   }
 
   Result<PathId> open_path(const std::string& device) override {
@@ -212,10 +233,12 @@ class SgioTransport final : public TransportImpl {
         ready_.push_back(job.request.unanswered(Outcome::kOsError, ECANCELED, now));
       } else {
         job.state = JobState::kDropped;
+        ++pool_->zombies;
         ready_.push_back(job.request.unanswered(Outcome::kIndeterminate, 0, now));
       }
       it = jobs_.erase(it);
     }
+    replace_zombies();
     arm_wakeup();
     pool_->wakeup.notify();  // completions are ready without a worker's signal
   }
@@ -343,9 +366,43 @@ class SgioTransport final : public TransportImpl {
       } else {
         BLKFENCE_ASSERT(job.state == JobState::kRunning);
         job.state = JobState::kDropped;  // the worker drops its result when SG_IO returns
+        ++pool_->zombies;
         ready_.push_back(job.request.unanswered(Outcome::kIndeterminate, 0, now));
       }
       it = jobs_.erase(it);
+    }
+    replace_zombies();
+  }
+
+  // Starts a worker with every signal blocked (it inherits the mask). Pool::mutex held: the worker
+  // waits for it before it looks at the queue.
+  [[nodiscard]] Result<void> spawn() {
+    sigset_t all;
+    sigset_t previous;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &previous);
+    Result<void> spawned;
+    pool_->exited.push_back(false);
+    try {
+      threads_.emplace_back(run_worker, pool_, threads_.size());
+    } catch (const std::system_error& error) {
+      // std::thread reports a failed pthread_create() only by throwing.
+      pool_->exited.pop_back();
+      spawned = tl::unexpected(Error::os(error.code().value(), "starting an SG_IO worker thread"));
+    }
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    return spawned;
+  }
+
+  // Keeps options_.threads workers free of stuck SG_IOs, as far as kWorkersMax allows: each one
+  // stuck past its deadline gets a new worker beside it. A worker whose SG_IO comes back stays
+  // (the pool does not shrink): a path that keeps hanging grows it only while more are stuck at
+  // once than ever before. Pool::mutex held.
+  void replace_zombies() {
+    while (threads_.size() - pool_->zombies < options_.threads && threads_.size() < kWorkersMax) {
+      if (!spawn()) {
+        return;  // the workers there are carry on; the next expiry tries again
+      }
     }
   }
 
@@ -367,16 +424,22 @@ int sg_io_ioctl(int fd, sg_io_hdr& header) {
 
 Result<std::unique_ptr<TransportImpl>> make_sgio_transport(const SgioOptions& options) {
   if (options.threads == 0 || options.threads > kThreadsMax) {
+    return fail(ErrorCode::kInvalidArgument, "SG_IO transport: " + std::to_string(options.threads) +
+                                                 " threads (1 to " + std::to_string(kThreadsMax) +
+                                                 ")");
+  }
+  if (options.per_path_max == 0 || options.per_path_max > kPerPathMax) {
     return fail(ErrorCode::kInvalidArgument,
-                "SG_IO transport: " + std::to_string(options.threads) +
-                    " threads (1 to 16: each SG_IO in flight holds one of an sg fd's 16 slots)");
+                "SG_IO transport: " + std::to_string(options.per_path_max) +
+                    " workers per path (1 to 16: each SG_IO in flight holds one of an sg fd's 16 "
+                    "slots)");
   }
   BLKFENCE_ASSERT(options.sg_io != nullptr);
   auto wakeup = Wakeup::make();
   if (!wakeup) {
     return tl::unexpected(wakeup.error());
   }
-  auto pool = std::make_shared<Pool>(options.sg_io, std::move(*wakeup), options.threads);
+  auto pool = std::make_shared<Pool>(options.sg_io, std::move(*wakeup), options.per_path_max);
   auto transport = std::make_unique<SgioTransport>(options, std::move(pool));
   if (auto started = transport->start(options.threads); !started) {
     return tl::unexpected(started.error());

@@ -4,7 +4,9 @@
 // complete, and its late result is dropped (its buffers still alive when it writes them, which the
 // asan preset checks); a command that never got a worker is never run; close_path() reports
 // running commands kIndeterminate, cancels queued ones, and keeps the fd open until the worker
-// returns, then closes it; destroying the transport does not wait for a stuck worker.
+// returns, then closes it; destroying the transport does not wait for a stuck worker; a path whose
+// SG_IO never returns holds at most per_path_max workers while another path's commands complete,
+// and a worker stuck past its command's deadline gets a replacement.
 #include <map>
 
 #include <fcntl.h>
@@ -59,11 +61,12 @@ struct Pool {
 };
 
 // A transport on threads workers whose SG_IO is fake, with one path on an eventfd.
-Pool make_pool(std::size_t threads, FakeScript script) {
+Pool make_pool(std::size_t threads, FakeScript script, std::size_t per_path_max = 2) {
   Pool pool;
   pool.fake = std::make_shared<FakeSgIo>(std::move(script));
   detail::SgioOptions options;
   options.threads = threads;
+  options.per_path_max = per_path_max;
   options.deadline_grace = kGrace;
   // The transport (and a worker it leaves behind) keeps the fake alive through this copy.
   options.sg_io = [fake = pool.fake](int fd, sg_io_hdr& header) { return (*fake)(fd, header); };
@@ -125,7 +128,7 @@ TEST(SgioPool, AnswersSenseDataAndErrnoReachTheirTags) {
 TEST(SgioPool, NeverMoreCallsAtOnceThanThreadsAndFortyAllComplete) {
   constexpr std::size_t kThreads = 3;
   constexpr std::uint32_t kCommands = 40;
-  Pool pool = make_pool(kThreads, block_all);
+  Pool pool = make_pool(kThreads, block_all, kThreads);
   for (std::uint32_t marker = 0; marker < kCommands; ++marker) {
     submit(*pool.transport, pool.path, marked_command(marker, marker, kLong));
   }
@@ -254,11 +257,90 @@ TEST(SgioPool, DestroyingDoesNotWaitForAStuckWorker) {
   EXPECT_TRUE(pool.fake->wait_returned(1));
 }
 
+// A second path on its own eventfd.
+PathId add_path(Pool& pool) {
+  return pool.transport->open_path_fd(UniqueFd(::eventfd(0, EFD_CLOEXEC)), "fake-sg-2").value();
+}
+
+// Markers from kHung on block until released: the commands of the hung path.
+constexpr std::uint32_t kHung = 100;
+std::optional<FakeReply> block_hung(const FakeRequest& request) {
+  if (marker_of(request) >= kHung) {
+    return std::nullopt;
+  }
+  return good_reply(marker_of(request));
+}
+
+// Ends a test with hung commands: the transport goes (its queue with it), then the stuck calls
+// return, so that count calls in all have returned.
+void end_hung(Pool& pool, std::size_t count) {
+  pool.transport.reset();
+  for (const std::int32_t pack_id : pool.fake->blocked()) {
+    pool.fake->release(pack_id, FakeReply{});
+  }
+  EXPECT_TRUE(pool.fake->wait_returned(count));
+}
+
+// One path's SG_IO never returns: its commands take at most per_path_max workers, and the other
+// path's commands, queued behind them, still run on the workers left.
+TEST(SgioPool, AHungPathHoldsAtMostItsWorkersWhileAnotherPathCompletes) {
+  Pool pool = make_pool(3, block_hung, 2);
+  const PathId other = add_path(pool);
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    submit(*pool.transport, pool.path, marked_command(kHung + i, kHung + i, kLong));
+  }
+  ASSERT_TRUE(pool.fake->wait_blocked(2));
+  for (std::uint32_t marker = 0; marker < 6; ++marker) {
+    submit(*pool.transport, other, marked_command(marker, marker, kLong));
+  }
+  const auto done = by_tag(reap_count(*pool.transport, 6));
+  ASSERT_EQ(done.size(), 6U) << "the other path's commands waited behind the hung one";
+  for (const auto& [tag, completion] : done) {
+    EXPECT_LT(tag, kHung);
+    EXPECT_EQ(completion.outcome, Outcome::kGood);
+  }
+  EXPECT_EQ(pool.fake->blocked().size(), 2U) << "the hung path took more than its workers";
+  end_hung(pool, 8);
+}
+
+// The only worker is stuck in SG_IO on a hung path: at its command's deadline the command is
+// kIndeterminate and a new worker runs the other path's command, long before that one's deadline.
+TEST(SgioPool, AWorkerStuckPastItsDeadlineIsReplaced) {
+  Pool pool = make_pool(1, block_hung, 1);
+  const PathId other = add_path(pool);
+  submit(*pool.transport, pool.path, marked_command(kHung, 1, kShort));
+  ASSERT_TRUE(pool.fake->wait_blocked(1));
+  // Its deadline comes before the fake gives up on the stuck call (kFakeWaitMax): a command that
+  // waited for the stuck worker ends unsent.
+  constexpr milliseconds kMedium{2'000};
+  submit(*pool.transport, other, marked_command(5, 2, kMedium));
+  auto done = by_tag(reap_count(*pool.transport, 2));
+  ASSERT_EQ(done.size(), 2U);
+  EXPECT_EQ(done[1].outcome, Outcome::kIndeterminate);
+  EXPECT_EQ(done[2].outcome, Outcome::kGood) << "waited for the stuck worker";
+  EXPECT_EQ(pool.transport->zombie_count(), 1U);
+  // The hung path takes no new worker while its stuck one holds its only place.
+  submit(*pool.transport, pool.path, marked_command(kHung + 1, 3, kShort));
+  submit(*pool.transport, other, marked_command(6, 4, kMedium));
+  done = by_tag(reap_count(*pool.transport, 2));
+  ASSERT_EQ(done.size(), 2U);
+  EXPECT_EQ(done[3].outcome, Outcome::kOsError);
+  EXPECT_EQ(done[3].os_errno, ETIMEDOUT);
+  EXPECT_EQ(done[4].outcome, Outcome::kGood);
+  EXPECT_EQ(pool.fake->received().size(), 3U) << "the second hung command was sent";
+  end_hung(pool, 3);
+}
+
 TEST(SgioPool, RefusesBadThreadCountsAndDevices) {
   detail::SgioOptions options;
   options.threads = 0;
   EXPECT_EQ(detail::make_sgio_transport(options).error().code(), ErrorCode::kInvalidArgument);
   options.threads = 17;
+  EXPECT_EQ(detail::make_sgio_transport(options).error().code(), ErrorCode::kInvalidArgument);
+  options.threads = 4;
+  options.per_path_max = 0;
+  EXPECT_EQ(detail::make_sgio_transport(options).error().code(), ErrorCode::kInvalidArgument);
+  options.per_path_max = 17;
   EXPECT_EQ(detail::make_sgio_transport(options).error().code(), ErrorCode::kInvalidArgument);
 
   auto transport = make_sgio_transport(1);

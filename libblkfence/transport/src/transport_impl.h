@@ -42,6 +42,9 @@ int sg_io_ioctl(int fd, sg_io_hdr& header);
 
 struct SgioOptions {
   std::size_t threads = 4;
+  // At most this many workers in SG_IO on one path at once, stuck ones included, so that a path
+  // whose SG_IO never returns holds that many workers and no more; 1 to kSgQueueDepth.
+  std::size_t per_path_max = 2;
   std::chrono::milliseconds deadline_grace = kDeadlineGraceDefault;
   // Called from the pool's threads, concurrently; must be thread-safe.
   SgIoFunction sg_io = sg_io_ioctl;

@@ -36,6 +36,7 @@ TEST(RunBatch, ReturnsSubmissionOrderWhateverTheCompletionOrder) {
   auto fake = std::make_shared<FakeSgIo>([](const FakeRequest&) { return std::nullopt; });
   detail::SgioOptions options;
   options.threads = 4;
+  options.per_path_max = 4;  // all four at once in the device, on one path
   options.sg_io = [fake](int fd, sg_io_hdr& header) { return (*fake)(fd, header); };
   auto transport = detail::make_sgio_transport(options);
   ASSERT_TRUE(transport.has_value());

@@ -8,7 +8,8 @@
 // ABORTED are retried after a back-off; RESERVATION CONFLICT is never retried; any other NOT READY
 // (LIO answers some PR OUTs with 08/00 after changing state) and every timeout end the command, so
 // that the caller re-reads the state before deciding anything (docs/protocol.md, S4). Reads fail
-// over to the LU's next path on a transport error; PR OUT never does, since it may have executed.
+// over to the LU's next path on a transport error or a timeout, starting on the path that last
+// answered (engine.h); PR OUT never does, since it may have executed.
 // Every attempt is recorded in the result.
 //
 // A Client borrows its Transport and is used from one thread. Blocking: run() waits for the batch
@@ -46,7 +47,7 @@ class Client {
  public:
   Client(transport::Transport& transport, RetryPolicy policy = {});
 
-  // PR IN on one path of each LU (the next path on a transport error).
+  // PR IN on one path of each LU (the next path on a transport error or a timeout).
   std::vector<LuResult<codec::ReadKeys>> read_keys(const std::vector<LogicalUnit>& lus);
   std::vector<LuResult<codec::ReadReservation>> read_reservation(
       const std::vector<LogicalUnit>& lus);

@@ -7,8 +7,11 @@
 // completions through an eventfd), in blkfencectl (a blocking loop, Client::run()) and in the
 // simulation (the simulated clock of several nodes). The retry policy is the Client's
 // (client.h): UNIT ATTENTION at once, NOT READY becoming ready / BUSY / TASK ABORTED after a
-// back-off, RESERVATION CONFLICT and timeouts never; reads fail over to the next path, PR OUT
-// never.
+// back-off, RESERVATION CONFLICT and timeouts never; reads fail over to the next path, on a
+// transport error and on a timeout alike, PR OUT never. A read starts on the path of its LU that
+// last answered a read, and a path whose read timed out goes last until it answers again, so that
+// a hung path of a multipath LU costs one command_timeout when it hangs, not one every round
+// (docs/protocol.md, "Reads and paths").
 //
 // A batch's callback runs from on_completion(), on_time() or fail_all(), never from start(), and
 // may start further batches. One thread; the transport must outlive the engine. Destroying the
@@ -50,12 +53,12 @@ struct Attempt {
   std::chrono::nanoseconds latency{0};
 };
 
-// One command for one LU: the devices to try in order (reads move on to the next after a transport
-// error), and the command.
+// One command for one LU: the devices to try (a read moves on to the next after a transport error
+// or a timeout, in the order the engine's path history gives them), and the command.
 struct Request {
   std::vector<std::string> devices;
   transport::Command command;
-  bool is_read = false;  // may fail over to the next device
+  bool is_read = false;  // may fail over to the next device, and is reordered by path history
   std::string what;      // "READ KEYS", for messages
   // A PR OUT that is right only in the state its caller read (the registration of a new path with
   // the current key): an answer saying that another I_T nexus changed the registrations meanwhile
@@ -113,8 +116,17 @@ class Engine {
  private:
   struct Slot;
   struct Batch;
+  // What the reads taught about one device.
+  struct Standing {
+    std::uint64_t answered = 0;  // the serial of its last answer to a read; 0: none yet
+    bool timed_out = false;      // its last read timed out, and no read has been answered since
+  };
 
   Result<transport::PathId> path_for(const std::string& device);
+  // The read's devices, the last that answered first and those whose last read timed out last;
+  // otherwise in the caller's order.
+  void order_for_read(std::vector<std::string>& devices) const;
+  void note_read(const std::string& device, transport::Outcome outcome, int os_errno);
   void submit(Batch& batch, std::size_t index, Time now);
   void finish(Batch& batch, std::size_t index, Result<std::vector<std::uint8_t>> data);
   void deliver_finished(Time now);
@@ -122,6 +134,9 @@ class Engine {
   transport::Transport& transport_;
   RetryPolicy policy_;
   std::map<std::string, transport::PathId> paths_;
+  // Every device a read was sent to, like paths_: as many as the host has had paths.
+  std::map<std::string, Standing> standing_;
+  std::uint64_t next_answer_ = 1;
   std::uint64_t next_batch_ = 1;
   std::uint64_t next_request_ = 1;  // the serial of the next request, in its tags' high bits
   std::map<std::uint64_t, std::unique_ptr<Batch>> batches_;
