@@ -299,7 +299,7 @@ void Resource::start(Time now) {
     emit(EventKind::kStateKnown, detail_);
     return;  // acquire refuses without a high-water mark (S3); status still reads the LUs
   }
-  high_water_ = *stored;
+  high_water_ = stored->value_or(0);
   begin(Op::kProbe, nullptr);
   read_all(true, now, [this](const Reads& reads, Time at) { probe_read(reads, at); });
 }

@@ -40,7 +40,7 @@ void Resource::acquire(Time now, Done done) {
     end(tl::unexpected(stored.error()), now);
     return;
   }
-  high_water_ = std::max(high_water_, *stored);
+  high_water_ = std::max(high_water_, stored->value_or(0));
   after_monitor_prouts(now, [this, before](Time from) {
     read_all(true, from, [this, before](Reads reads, Time at) {
       if (!reads.ok()) {

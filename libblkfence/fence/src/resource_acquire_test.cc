@@ -33,7 +33,7 @@ TEST_F(ResourceTest, AcquireRegistersEveryPathAndHoldsAloneWithAFreshPersistedEp
   const std::size_t before = sent.size();
   const Key key = acquired(*a);
   EXPECT_EQ(key, key_of(kNodeA, 10));
-  EXPECT_EQ(a->store.load("pgdata").value_or(0), 10U);
+  EXPECT_EQ(a->stored_epoch(), 10U);
   EXPECT_EQ(a->resource->epoch_high_water(), 10U);
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key.value(), key.value()})) << "LU " << lu;
@@ -67,9 +67,9 @@ TEST_F(ResourceTest, EpochIsAboveThePersistedHighWaterWhenTheLusForgot) {
   a->boot(a->options());
   const Key key = acquired(*a);
   EXPECT_EQ(key.epoch(), 13U);
-  EXPECT_EQ(a->store.load("pgdata").value_or(0), 13U);
+  EXPECT_EQ(a->stored_epoch(), 13U);
   EXPECT_EQ(acquired(*a), key) << "acquire while holding is a no-op";
-  EXPECT_EQ(a->store.load("pgdata").value_or(0), 13U);
+  EXPECT_EQ(a->stored_epoch(), 13U);
 }
 
 class PreemptTest : public ResourceTest, public ::testing::WithParamInterface<bool> {};
@@ -361,7 +361,7 @@ TEST_F(ResourceTest, AFailedAcquireUnregistersWhereItCannotReadItsKeysBack) {
     EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key_b.value()})) << "LU " << lu;
     EXPECT_EQ(holder_of(lu), key_b.value());
   }
-  EXPECT_GT(a->store.load("pgdata").value_or(0), key_b.epoch() + 1)
+  EXPECT_GT(a->stored_epoch(), key_b.epoch() + 1)
       << "one past A's given-up epoch, itself above B's";
   a->faults = nullptr;
 }

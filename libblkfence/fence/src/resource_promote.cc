@@ -36,7 +36,7 @@ void Resource::promote(Time now, Done done) {
   }
   begin(Op::kPromote, std::move(done));
   promoting_member_ = gate_open_;
-  high_water_ = std::max(high_water_, *stored);
+  high_water_ = std::max(high_water_, stored->value_or(0));
   new_paths_.clear();  // every path is registered with the new key
   detail_ = "promoting: reading keys and reservations";
   // S4: a PR OUT of ours that failed or timed out before is read back first.

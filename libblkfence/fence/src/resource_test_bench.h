@@ -131,20 +131,22 @@ class Recorder final : public Observer {
 // An epoch store whose disk is full.
 class FailingStore final : public EpochStore {
  public:
-  Result<std::uint32_t> load(const std::string&) override { return 0U; }
+  Result<std::optional<std::uint32_t>> load(const std::string&) override { return 0U; }
   Result<void> store(const std::string&, std::uint32_t) override {
     return fail(ErrorCode::kOs, "write RESOURCE.epoch: no space left on device");
   }
+  std::string where(const std::string& resource) const override { return resource + ".epoch"; }
 };
 
 // An epoch store that reads what is on disk but can no longer write (its disk went read-only).
 class ReadOnlyStore final : public EpochStore {
  public:
   explicit ReadOnlyStore(std::uint32_t epoch) : epoch_(epoch) {}
-  Result<std::uint32_t> load(const std::string&) override { return epoch_; }
+  Result<std::optional<std::uint32_t>> load(const std::string&) override { return epoch_; }
   Result<void> store(const std::string&, std::uint32_t) override {
     return fail(ErrorCode::kOs, "write RESOURCE.epoch: read-only file system");
   }
+  std::string where(const std::string& resource) const override { return resource + ".epoch"; }
 
  private:
   std::uint32_t epoch_;
@@ -243,6 +245,11 @@ class Node {
 
   Time now() const { return target_.clock().now(); }
   std::uint16_t id() const { return id_; }
+  // The epoch on this node's disk; 0 when there is none.
+  std::uint32_t stored_epoch() {
+    const auto stored = store.load("pgdata");
+    return stored && *stored ? **stored : 0U;
+  }
 
   std::function<Fault(const FaultContext&)> faults;  // injected into this node's commands
   MemoryEpochStore store;

@@ -1,16 +1,22 @@
-// Where a node keeps the highest epoch it has used for each resource (fence layer).
+// Where a node keeps the highest epoch of each resource (fence layer).
 //
-// S3 (docs/protocol.md): epochs of a resource never go backwards, across daemon restarts and LUN
-// resets. The devices remember the keys registered on them, but a CLEAR or a reset of the target's
-// PR state forgets them; the high-water mark on the node's own disk does not. The file store
-// writes RESOURCE.epoch beside a temporary, fsyncs it, renames it over the old one and fsyncs the
-// directory, so a crash leaves the old value or the new one, never neither. Thread-compatible.
+// S3 (docs/protocol.md): epochs of a resource never go backwards, across daemon restarts and LU
+// resets. The devices remember the keys registered on them, but a CLEAR or a target that forgets
+// its PR state (a power cycle without APTPL) forgets them; the high-water mark on the node's own
+// disk does not. It holds the highest epoch this node used or saw on the LUs from any node of its
+// cluster. The file store writes RESOURCE.epoch beside a temporary, fsyncs it, renames it over the
+// old one and fsyncs the directory, so a crash leaves the old value or the new one, never neither.
+// Thread-compatible.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+
+#include <sys/types.h>
 
 #include "blkfence/error.h"
 
@@ -19,20 +25,41 @@ namespace blkfence::fence {
 class EpochStore {
  public:
   virtual ~EpochStore() = default;
-  // 0 when the resource has no stored epoch yet.
-  [[nodiscard]] virtual Result<std::uint32_t> load(const std::string& resource) = 0;
-  // Durable when it returns.
+  // nullopt when the resource has no stored epoch (no file): the node's first start, or a file
+  // lost since; the caller tells the two apart by what the LUs show (docs/protocol.md, S3).
+  [[nodiscard]] virtual Result<std::optional<std::uint32_t>> load(const std::string& resource) = 0;
+  // Durable when it returns. On an error the previous value is still the stored one, or (the
+  // directory's fsync failed after the rename) the new one.
   [[nodiscard]] virtual Result<void> store(const std::string& resource, std::uint32_t epoch) = 0;
+  // Where the epoch of resource lives, for messages (a path for the file store).
+  virtual std::string where(const std::string& resource) const = 0;
+};
+
+// The system calls the file store makes, each returning what the call returns or -errno (never
+// errno). system() is the real ones; tests replace some to inject faults (ENOSPC, EIO, EROFS).
+struct EpochFileCalls {
+  std::function<int(const std::string& path, int flags, mode_t mode)> open;
+  std::function<ssize_t(int fd, void* buffer, std::size_t size)> read;
+  std::function<ssize_t(int fd, const void* buffer, std::size_t size)> write;
+  std::function<int(int fd)> fsync;
+  std::function<int(const std::string& from, const std::string& to)> rename;
+  std::function<int(const std::string& path)> unlink;
+
+  static EpochFileCalls system();
 };
 
 // dir/RESOURCE.epoch holding the epoch in decimal and a newline.
-std::unique_ptr<EpochStore> make_file_epoch_store(std::string dir);
+std::unique_ptr<EpochStore> make_file_epoch_store(std::string dir,
+                                                  EpochFileCalls calls = EpochFileCalls::system());
 
 // In memory, for tests and the simulation (a simulated node's "disk" outlives its daemon).
 class MemoryEpochStore final : public EpochStore {
  public:
-  [[nodiscard]] Result<std::uint32_t> load(const std::string& resource) override;
+  [[nodiscard]] Result<std::optional<std::uint32_t>> load(const std::string& resource) override;
   [[nodiscard]] Result<void> store(const std::string& resource, std::uint32_t epoch) override;
+  std::string where(const std::string& resource) const override;
+  // The file is lost (an operator removed the state directory, a fresh disk).
+  void forget(const std::string& resource) { epochs_.erase(resource); }
 
  private:
   std::map<std::string, std::uint32_t> epochs_;

@@ -1,0 +1,155 @@
+// Proves how fence::Resource keeps its epochs on the node's disk (S3, docs/protocol.md) on the
+// bench of resource_test_bench.h, with the real file store in a temporary directory: an acquire,
+// promote or unfence whose epoch cannot be stored (full disk, failing fsync of the file or the
+// directory, read-only directory) fails before registering its new key anywhere, and leaves the old
+// file.
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include <gtest/gtest.h>
+
+#include "epoch_faults.h"
+#include "resource_test_bench.h"
+
+namespace blkfence::fence::test {
+namespace {
+
+enum class StoreFault { kFullDisk, kFsyncFile, kReadOnlyDir, kFsyncDir };
+enum class Operation { kAcquire, kPromote, kUnfence };
+
+std::string name_of(StoreFault fault) {
+  switch (fault) {
+    case StoreFault::kFullDisk: return "FullDisk";
+    case StoreFault::kFsyncFile: return "FsyncFileEio";
+    case StoreFault::kReadOnlyDir: return "ReadOnlyDir";
+    case StoreFault::kFsyncDir: return "FsyncDirEio";
+  }
+  return "?";
+}
+
+std::string name_of(Operation operation) {
+  switch (operation) {
+    case Operation::kAcquire: return "Acquire";
+    case Operation::kPromote: return "Promote";
+    case Operation::kUnfence: return "Unfence";
+  }
+  return "?";
+}
+
+class EpochsTest : public ResourceTest {
+ protected:
+  EpochsTest()
+      : faults(std::make_shared<EpochFaults>()),
+        file_store(make_file_epoch_store(dir.path(), faulty_calls(faults))) {}
+
+  ResourceOptions options_for(Node& node, Operation operation) const {
+    if (operation == Operation::kAcquire) {
+      return node.options();
+    }
+    ResourceOptions o = node.options(Mode::kShared);
+    o.primary = true;  // a member draws an epoch in primary mode (docs/protocol.md)
+    return o;
+  }
+
+  std::string path() const { return dir.file("pgdata.epoch"); }
+
+  TempDir dir;
+  std::shared_ptr<EpochFaults> faults;
+  std::unique_ptr<EpochStore> file_store;
+};
+
+class StoreFaultTest : public EpochsTest,
+                       public ::testing::WithParamInterface<std::tuple<Operation, StoreFault>> {};
+
+// S3: the epoch is durable before the key exists anywhere. B holds (or is the primary) with epoch
+// 1; A's operation reads it, draws 2, cannot store it, and fails: no REGISTER of A's new key was
+// sent, no key of A's above the old one is on any LU, and the file still holds what it held (the
+// directory's fsync fails after the rename, so there the file may hold the unused epoch instead).
+TEST_P(StoreFaultTest, AnEpochThatCannotBeStoredIsNeverRegistered) {
+  const auto [operation, fault] = GetParam();
+  b->boot(options_for(*b, operation));
+  a->boot(options_for(*a, operation), file_store.get());
+  ASSERT_TRUE(file_store->store("pgdata", 1).has_value());
+  std::uint32_t member_epoch = 0;
+  if (operation == Operation::kAcquire) {
+    (void)acquired(*b);
+  } else {
+    Outcome* member = b->unfence();
+    ASSERT_TRUE(run_until([&] { return member->done(); }));
+    ASSERT_TRUE(member->result->has_value());
+    if (operation == Operation::kPromote) {
+      Outcome* joined = a->unfence();
+      ASSERT_TRUE(run_until([&] { return joined->done(); }));
+      ASSERT_TRUE(joined->result->has_value()) << joined->result->error().message();
+      member_epoch = (*joined->result)->epoch();
+    }
+  }
+  const std::optional<std::string> before_file = slurp(path());
+  ASSERT_TRUE(before_file.has_value());
+  switch (fault) {
+    case StoreFault::kFullDisk: faults->write = ENOSPC; break;
+    case StoreFault::kFsyncFile: faults->fsync_file = EIO; break;
+    case StoreFault::kReadOnlyDir: faults->create = EROFS; break;
+    case StoreFault::kFsyncDir: faults->fsync_dir = EIO; break;
+  }
+  const std::size_t before = sent.size();
+  Outcome* outcome = operation == Operation::kAcquire   ? a->acquire()
+                     : operation == Operation::kPromote ? a->promote()
+                                                        : a->unfence();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kOs);
+  EXPECT_NE(outcome->result->error().message().find(dir.path()), std::string::npos)
+      << outcome->result->error().message();
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); }))
+      << "a REGISTER of a key whose epoch is not on disk";
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    for (const std::uint64_t k : keys_on(lu)) {
+      EXPECT_FALSE(Key::node_of(k) == kNodeA && Key::epoch_of(k) > member_epoch)
+          << Key::format(k) << " on lu" << lu;
+    }
+  }
+  EXPECT_FALSE(a->resource->gate_open() && operation != Operation::kPromote);
+  if (fault != StoreFault::kFsyncDir) {
+    EXPECT_EQ(slurp(path()), before_file);
+  }
+  EXPECT_EQ(slurp(path() + ".new"), std::nullopt);
+  a->crash();  // before the store goes
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryPersistencePath, StoreFaultTest,
+    ::testing::Combine(::testing::Values(Operation::kAcquire, Operation::kPromote,
+                                         Operation::kUnfence),
+                       ::testing::Values(StoreFault::kFullDisk, StoreFault::kFsyncFile,
+                                         StoreFault::kReadOnlyDir, StoreFault::kFsyncDir)),
+    [](const auto& param_info) {
+      return name_of(std::get<0>(param_info.param)) + name_of(std::get<1>(param_info.param));
+    });
+
+// A garbage epoch file stops the start and every operation with a message naming it: the node does
+// not know which epochs it used.
+TEST_F(EpochsTest, AGarbageFileStopsStartAndAcquireNamingIt) {
+  write_file(path(), "1x\n");
+  a->boot(a->options(), file_store.get());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kUnknown);
+  EXPECT_NE(a->resource->detail().find(path()), std::string::npos) << a->resource->detail();
+  const std::size_t before = sent.size();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_NE(outcome->result->error().message().find(path()), std::string::npos);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  EXPECT_EQ(slurp(path()), "1x\n");
+  a->crash();
+}
+
+}  // namespace
+}  // namespace blkfence::fence::test
