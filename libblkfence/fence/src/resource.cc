@@ -12,6 +12,7 @@
 #include "blkfence/codec/prin.h"
 #include "blkfence/pr/client.h"
 
+#include "mutants.h"
 #include "resource_reads.h"
 
 namespace blkfence::fence {
@@ -288,34 +289,109 @@ bool Resource::refuse(Mode mode, Time now, Done& done) {
   return false;
 }
 
+// --- epochs (S3) ---------------------------------------------------------------------------------
+
+Result<void> Resource::load_epochs() {
+  auto loaded = epochs_.load(options_.name);
+  if (!loaded) {
+    return tl::unexpected(loaded.error());
+  }
+  stored_ = *loaded;
+  high_water_ = std::max(high_water_, stored_.value_or(0U));
+  return {};
+}
+
+Result<void> Resource::store_epochs(std::uint32_t epoch) {
+  if (auto stored = epochs_.store(options_.name, epoch); !stored) {
+    return stored;
+  }
+  stored_ = epoch;
+  high_water_ = std::max(high_water_, epoch);
+  return {};
+}
+
+// A key drawn with epoch: durable before it exists anywhere, so no restart can reuse it.
+Result<void> Resource::store_drawn(std::uint32_t epoch) {
+  BLKFENCE_ASSERT(epoch > high_water_ || mutant::kNoEpochBump || mutant::kPromoteNoEpochBump);
+  return store_epochs(epoch);
+}
+
 // --- start ---------------------------------------------------------------------------------------
 
 void Resource::start(Time now) {
-  auto stored = epochs_.load(options_.name);
-  if (!stored) {
-    set_state(State::kUnknown, "cannot read the stored epoch: " + stored.error().message());
-    probe_done_ = true;
-    next_check_ = now + options_.check_interval;
-    emit(EventKind::kStateKnown, detail_);
-    return;  // acquire refuses without a high-water mark (S3); status still reads the LUs
-  }
-  high_water_ = stored->value_or(0);
   begin(Op::kProbe, nullptr);
   read_all(true, now, [this](const Reads& reads, Time at) { probe_read(reads, at); });
 }
 
+namespace {
+
+// The newest of keys and newest.
+std::optional<std::uint64_t> newest_of(const std::vector<std::uint64_t>& keys,
+                                       std::optional<std::uint64_t> newest) {
+  for (const std::uint64_t k : keys) {
+    if (!newest || Key::epoch_of(k) > Key::epoch_of(*newest)) {
+      newest = k;
+    }
+  }
+  return newest;
+}
+
+}  // namespace
+
 void Resource::probe_read(const Reads& reads, Time now) {
   probe_done_ = true;
+  // Loaded at each probe (the monitor probes again while the state is unknown): a file an operator
+  // restored is heard at the next check, without a restart.
+  if (auto loaded = load_epochs(); !loaded) {
+    const std::string detail = "cannot read the stored epoch: " + loaded.error().message();
+    if (state_ != State::kUnknown || detail_ != detail) {  // said once, not at every check
+      set_state(State::kUnknown, detail);
+      emit(EventKind::kStateKnown, detail_);
+    }
+    end(tl::unexpected(loaded.error()), now);
+    return;  // acquire refuses without its epochs (S3); status still reads the LUs
+  }
   if (!reads.ok()) {
-    set_state(State::kUnknown, "cannot read the LUs: " + reads.errors(options_.lus));
+    std::string detail = "cannot read the LUs: " + reads.errors(options_.lus);
+    if (!stored_) {
+      // docs/protocol.md, S3: a first start, or a lost file if a key of ours is on the LUs; which
+      // one is decided when they answer. An acquire reads every LU's keys before it draws, so it
+      // fails rather than draw from 0 while they cannot be read.
+      detail += "; and " + epochs_.where(options_.name) +
+                " does not exist (a first start, or a lost file if a key of this node is on the "
+                "LUs: decided when they can be read)";
+    }
+    set_state(State::kUnknown, detail);
     emit(EventKind::kStateKnown, detail_);
     end(fail(ErrorCode::kIndeterminate, detail_), now);
     return;
   }
   last_read_ok_ = reads.started;
-  // The epoch of the last key this node registered and did not give up (acquire stores it before
+  // The epoch of the last key this node drew and did not give up (acquire stores it before
   // registering; release and a failed acquire store one more).
-  const std::uint32_t stored = high_water_;
+  const std::uint32_t stored = stored_.value_or(0);
+  std::string note;
+  std::uint32_t used_floor = 0;
+  if (!stored_) {
+    std::optional<std::uint64_t> mine;
+    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+      std::vector<std::uint64_t> keys = reads.lus[i].keys->keys;
+      if (const auto holder = reads.holder(i)) {
+        keys.push_back(*holder);
+      }
+      std::erase_if(keys, [this](std::uint64_t k) { return !ours(k); });
+      mine = newest_of(keys, mine);
+    }
+    if (mine) {
+      // Not a first start: the file was lost. The key found is treated as given up (as after a
+      // release): this start does not adopt it as the exclusive or primary token, nor will the
+      // next.
+      const std::uint32_t epoch = Key::epoch_of(*mine);
+      used_floor = epoch == UINT32_MAX ? epoch : epoch + 1;
+      note = epochs_.where(options_.name) + " was missing while key " + Key::format(*mine) +
+             " of this node is on the LUs";
+    }
+  }
   // S3: no key this node has used on these LUs may be reused.
   for (const auto& lu : reads.lus) {
     for (const std::uint64_t k : lu.keys->keys) {
@@ -324,6 +400,17 @@ void Resource::probe_read(const Reads& reads, Time now) {
       }
     }
   }
+  if (used_floor > 0) {
+    const std::uint32_t repair = std::max(used_floor, highest_epoch(reads));
+    if (auto repaired = store_epochs(repair); !repaired) {
+      note += "; storing it failed: " + repaired.error().message();
+    } else {
+      note += ": stored " + std::to_string(repair) + ", the highest epoch seen and above that key";
+    }
+  }
+  const auto with_note = [&note](std::string detail) {
+    return note.empty() ? detail : detail + " (" + note + ")";
+  };
   if (const std::optional<Key> key = adoptable(reads, stored)) {
     key_ = *key;
     // Primary mode: our key holding every LU with the stored epoch is the primary's token.
@@ -334,10 +421,10 @@ void Resource::probe_read(const Reads& reads, Time now) {
     primary_ = holds;
     const bool exclusive = options_.mode == Mode::kExclusive;
     set_state(exclusive || holds ? State::kHeld : State::kUnfenced,
-              "our key " + key_->to_string() +
-                  (exclusive ? " is the holder and only registrant on every LU: adopted"
-                   : holds   ? " is the primary's: it holds every LU"
-                             : " is registered on every LU"));
+              with_note("our key " + key_->to_string() +
+                        (exclusive ? " is the holder and only registrant on every LU: adopted"
+                         : holds   ? " is the primary's: it holds every LU"
+                                   : " is registered on every LU")));
     last_success_ = reads.started;
     set_gate(true, reads.started);
     emit(EventKind::kStateKnown, detail_);
@@ -345,7 +432,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
     end(*key_, now);
     return;
   }
-  set_state(State::kReleased, not_held(reads, stored));
+  set_state(State::kReleased, with_note(not_held(reads, stored)));
   emit(EventKind::kStateKnown, detail_);
   end(fail(ErrorCode::kLost, detail_), now);
 }

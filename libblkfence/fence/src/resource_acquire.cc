@@ -34,13 +34,13 @@ void Resource::acquire(Time now, Done done) {
   const State before = state_;
   set_gate(false, now);
   set_state(State::kAcquiring, "reading keys and reservations");
-  auto stored = epochs_.load(options_.name);
-  if (!stored) {
+  // A missing file reads as nothing stored: the draw is above every key the read below shows,
+  // which for a node whose file was lost includes its own (docs/protocol.md, S3).
+  if (auto loaded = load_epochs(); !loaded) {
     set_state(before, detail_);
-    end(tl::unexpected(stored.error()), now);
+    end(tl::unexpected(loaded.error()), now);
     return;
   }
-  high_water_ = std::max(high_water_, stored->value_or(0));
   after_monitor_prouts(now, [this, before](Time from) {
     read_all(true, from, [this, before](Reads reads, Time at) {
       if (!reads.ok()) {
@@ -70,12 +70,11 @@ void Resource::acquire_draw(Reads reads, int round, Time at) {
   }
   const Key key = key_for(mutant::kNoEpochBump && epoch > 0 ? epoch : epoch + 1);
   // S3: durable before the key exists anywhere, so no restart can reuse it.
-  if (auto stored_epoch = epochs_.store(options_.name, key.epoch()); !stored_epoch) {
+  if (auto stored_epoch = store_drawn(key.epoch()); !stored_epoch) {
     set_state(State::kReleased, "cannot store the epoch");
     end(tl::unexpected(stored_epoch.error()), at);
     return;
   }
-  high_water_ = key.epoch();
   key_ = key;
   fenced_by_.reset();
   set_state(State::kAcquiring, "registering " + key.to_string());
@@ -433,11 +432,7 @@ Result<void> Resource::give_up(Key key) {
   if (key.epoch() == UINT32_MAX || high_water_ > key.epoch()) {
     return {};  // nothing above it can be adopted; the exhausted space refuses acquires anyway
   }
-  if (auto stored = epochs_.store(options_.name, key.epoch() + 1); !stored) {
-    return stored;
-  }
-  high_water_ = key.epoch() + 1;
-  return {};
+  return store_epochs(key.epoch() + 1);
 }
 
 void Resource::release_shared(Key key, Time now) {

@@ -151,5 +151,103 @@ TEST_F(EpochsTest, AGarbageFileStopsStartAndAcquireNamingIt) {
   a->crash();
 }
 
+// --- a missing file (docs/protocol.md, S3)
+// --------------------------------------------------------
+
+bool said(const Recorder& recorder, EventKind kind, const std::string& text) {
+  return std::any_of(recorder.events.begin(), recorder.events.end(), [&](const auto& e) {
+    return e.second.kind == kind && e.second.detail.find(text) != std::string::npos;
+  });
+}
+
+// The node's file is lost while its key holds every LU: the start says so, does not adopt the key
+// (it may have been given up), and stores above it, so neither this start nor the next adopts it
+// and the next acquire draws above it.
+TEST_F(EpochsTest, AMissingFileWhileOurKeyHoldsIsSaidAndRepaired) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  a->crash();
+  a->store.forget("pgdata");
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_TRUE(said(a->recorder, EventKind::kStateKnown,
+                   "memory:pgdata.epoch was missing while key " + key.to_string()))
+      << a->resource->detail();
+  EXPECT_EQ(a->stored_epoch(), key.epoch() + 1) << "the key found is given up";
+  a->crash();
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased) << "not adopted by the next start either";
+  EXPECT_GT(acquired(*a).epoch(), key.epoch() + 1);
+}
+
+// No file and no key of this node: the first start, said as nothing unusual.
+TEST_F(EpochsTest, AMissingFileWithoutOurKeyIsAFirstStart) {
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_EQ(a->resource->detail(), "not held by this node");
+  EXPECT_EQ(a->store.load("pgdata").value(), std::nullopt) << "nothing to keep yet";
+}
+
+// No file and the LUs cannot be read: the state is unknown and says both; an acquire reads the LUs
+// before it draws, so it fails instead of drawing from 0; once they answer, the monitor's probe
+// finds the key and repairs the file.
+TEST_F(EpochsTest, AMissingFileAndUnreadableLusLeaveTheStateUnknown) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  a->crash();
+  a->store.forget("pgdata");
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = c.command.cdb[0] == 0x5e;
+    return fault;
+  };
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kUnknown);
+  EXPECT_NE(a->resource->detail().find("memory:pgdata.epoch does not exist"), std::string::npos)
+      << a->resource->detail();
+  const std::size_t before = sent.size();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kIndeterminate);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  a->faults = nullptr;
+  EXPECT_GT(acquired(*a).epoch(), key.epoch()) << "drawn above every key the read showed";
+}
+
+// The same, left alone: once the LUs answer, the monitor's probe finds the key and repairs the
+// file.
+TEST_F(EpochsTest, AMissingFileIsRepairedOnceTheLusAnswer) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  a->crash();
+  a->store.forget("pgdata");
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = c.command.cdb[0] == 0x5e;
+    return fault;
+  };
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kUnknown);
+  a->faults = nullptr;
+  ASSERT_TRUE(run_until([&] { return a->stored_epoch() != 0; }));
+  EXPECT_EQ(a->stored_epoch(), key.epoch() + 1);
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_TRUE(
+      said(a->recorder, EventKind::kStateKnown, "was missing while key " + key.to_string()));
+}
+
 }  // namespace
 }  // namespace blkfence::fence::test

@@ -29,14 +29,12 @@ void Resource::promote(Time now, Done done) {
     done(*key_, now);  // the monitor keeps verifying it
     return;
   }
-  auto stored = epochs_.load(options_.name);
-  if (!stored) {
-    done(tl::unexpected(stored.error()), now);
+  if (auto loaded = load_epochs(); !loaded) {
+    done(tl::unexpected(loaded.error()), now);
     return;
   }
   begin(Op::kPromote, std::move(done));
   promoting_member_ = gate_open_;
-  high_water_ = std::max(high_water_, stored->value_or(0));
   new_paths_.clear();  // every path is registered with the new key
   detail_ = "promoting: reading keys and reservations";
   // S4: a PR OUT of ours that failed or timed out before is read back first.
@@ -77,11 +75,10 @@ void Resource::promote_draw(const Reads& reads, Time now) {
     epoch -= epoch > 0 ? 1 : 0;
   }
   const Key key = key_for(epoch + 1);
-  if (auto stored = epochs_.store(options_.name, key.epoch()); !stored) {
+  if (auto stored = store_drawn(key.epoch()); !stored) {
     end(tl::unexpected(stored.error()), now);
     return;
   }
-  high_water_ = key.epoch();
   detail_ = "promoting: registering " + key.to_string();
   // REGISTER AND IGNORE EXISTING KEY moves each of our nexuses from its member key to the new one
   // in one command: the node stays registered, and so able to write, throughout.

@@ -58,12 +58,11 @@ void Resource::unfence_register(Time now) {
         return;
       }
       key = key_for(epoch + 1);
-      if (auto stored = epochs_.store(options_.name, key.epoch()); !stored) {
+      if (auto stored = store_drawn(key.epoch()); !stored) {
         set_state(State::kReleased, "unfence failed: cannot store the epoch");
         end(tl::unexpected(stored.error()), read_at);
         return;
       }
-      high_water_ = key.epoch();
     }
     key_ = key;
     set_state(State::kUnfencing, "registering " + key.to_string());

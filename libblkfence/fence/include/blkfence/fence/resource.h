@@ -225,6 +225,9 @@ class Resource {
   bool outranks(std::uint64_t other, Key key) const;
   void probe_read(const Reads& reads, Time now);
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
+  [[nodiscard]] Result<void> load_epochs();
+  [[nodiscard]] Result<void> store_epochs(std::uint32_t epoch);
+  [[nodiscard]] Result<void> store_drawn(std::uint32_t epoch);
   std::string not_held(const Reads& reads, std::uint32_t stored) const;
 
   // resource_acquire.cc: acquire and release (exclusive).
@@ -307,7 +310,8 @@ class Resource {
   bool check_in_flight_ = false;
   bool keys_next_ = true;  // the next check reads keys too
   std::optional<Key> key_;
-  std::uint32_t high_water_ = 0;
+  std::uint32_t high_water_ = 0;         // no new key at or below it (S3): stored, or seen since
+  std::optional<std::uint32_t> stored_;  // what the node's disk holds; nullopt while it has no file
   std::optional<std::uint64_t> fenced_by_;
   std::string detail_;
   std::vector<LuView> views_;
