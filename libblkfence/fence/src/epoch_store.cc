@@ -3,12 +3,13 @@
 
 #include <cerrno>
 #include <charconv>
-#include <cstdio>
+#include <optional>
 #include <string_view>
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "blkfence/assert.h"
 #include "blkfence/unique_fd.h"
 
 namespace blkfence::fence {
@@ -16,6 +17,29 @@ namespace {
 
 int or_errno(int result) {
   return result < 0 ? -errno : result;
+}
+
+std::optional<std::uint32_t> parse_epoch(std::string_view text) {
+  std::uint32_t epoch = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), epoch);
+  if (ec != std::errc{} || end != text.data() + text.size() || text.empty()) {
+    return std::nullopt;
+  }
+  return epoch;
+}
+
+// "USED SEEN\n" or "USED\n"; a missing newline is forgiven (a file written by hand).
+std::optional<StoredEpochs> parse(std::string_view text) {
+  if (!text.empty() && text.back() == '\n') {
+    text.remove_suffix(1);
+  }
+  const std::size_t space = text.find(' ');
+  const auto used = parse_epoch(text.substr(0, space));
+  const auto seen = space == std::string_view::npos ? used : parse_epoch(text.substr(space + 1));
+  if (!used || !seen || *seen < *used) {
+    return std::nullopt;
+  }
+  return StoredEpochs{.used = *used, .seen = *seen};
 }
 
 class FileEpochStore final : public EpochStore {
@@ -27,7 +51,7 @@ class FileEpochStore final : public EpochStore {
     return dir_ + "/" + resource + ".epoch";
   }
 
-  Result<std::optional<std::uint32_t>> load(const std::string& resource) override {
+  Result<std::optional<StoredEpochs>> load(const std::string& resource) override {
     const std::string path = where(resource);
     const int opened = calls_.open(path, O_RDONLY | O_CLOEXEC, 0);
     if (opened == -ENOENT) {
@@ -37,34 +61,34 @@ class FileEpochStore final : public EpochStore {
       return tl::unexpected(Error::os(-opened, "open " + path));
     }
     const UniqueFd fd(opened);
-    // One read: the file is a dozen bytes written whole by store(); a longer one is not ours.
-    char text[32];
+    // One read: the file is a few bytes written whole by store(); a longer one is not ours.
+    char text[48];
     const ssize_t got = calls_.read(fd.get(), text, sizeof text);
     if (got < 0) {
       return tl::unexpected(Error::os(static_cast<int>(-got), "read " + path));
     }
-    std::string_view view(text, static_cast<std::size_t>(got));
-    while (!view.empty() && (view.back() == '\n' || view.back() == ' ')) {
-      view.remove_suffix(1);
+    const auto parsed = parse(std::string_view(text, static_cast<std::size_t>(got)));
+    if (!parsed) {
+      return fail(ErrorCode::kInvalidArgument,
+                  path + (got == 0 ? ": empty" : ": truncated or not epochs") +
+                      " (expected one or two decimal numbers 0..4294967295, the second not below "
+                      "the first, and a newline); it holds the highest epochs of this resource the "
+                      "node used and saw: restore it, or remove it while the LUs still carry this "
+                      "cluster's keys (the daemon then stores the highest epoch they show; "
+                      "docs/operations.md)");
     }
-    std::uint32_t epoch = 0;
-    const auto [end, ec] = std::from_chars(view.data(), view.data() + view.size(), epoch);
-    if (ec != std::errc{} || end != view.data() + view.size() || view.empty()) {
-      return fail(
-          ErrorCode::kInvalidArgument,
-          path + (got == 0 ? ": empty" : ": truncated or not an epoch") +
-              " (expected a decimal number 0..4294967295 and a newline); it holds the "
-              "highest epoch of this resource the node used or saw: restore it, or remove it "
-              "while the LUs still carry this cluster's keys (the daemon then stores the "
-              "highest epoch they show; docs/operations.md)");
-    }
-    return epoch;
+    return *parsed;
   }
 
-  Result<void> store(const std::string& resource, std::uint32_t epoch) override {
+  Result<void> store(const std::string& resource, StoredEpochs epochs) override {
     const std::string path = where(resource);
+    BLKFENCE_ASSERT(epochs.seen >= epochs.used);
     const std::string temporary = path + ".new";
-    if (auto written = write_durably(temporary, std::to_string(epoch) + "\n"); !written) {
+    std::string text = std::to_string(epochs.used);
+    if (epochs.seen != epochs.used) {
+      text += " " + std::to_string(epochs.seen);
+    }
+    if (auto written = write_durably(temporary, text + "\n"); !written) {
       (void)calls_.unlink(temporary);  // the old file is intact; the temporary is litter
       return written;
     }
@@ -137,13 +161,14 @@ std::unique_ptr<EpochStore> make_file_epoch_store(std::string dir, EpochFileCall
   return std::make_unique<FileEpochStore>(std::move(dir), std::move(calls));
 }
 
-Result<std::optional<std::uint32_t>> MemoryEpochStore::load(const std::string& resource) {
+Result<std::optional<StoredEpochs>> MemoryEpochStore::load(const std::string& resource) {
   const auto it = epochs_.find(resource);
   return it == epochs_.end() ? std::nullopt : std::optional(it->second);
 }
 
-Result<void> MemoryEpochStore::store(const std::string& resource, std::uint32_t epoch) {
-  epochs_[resource] = epoch;
+Result<void> MemoryEpochStore::store(const std::string& resource, StoredEpochs epochs) {
+  BLKFENCE_ASSERT(epochs.seen >= epochs.used);
+  epochs_[resource] = epochs;
   return {};
 }
 

@@ -19,6 +19,10 @@
 namespace blkfence::fence::test {
 namespace {
 
+StoredEpochs same(std::uint32_t epoch) {
+  return StoredEpochs{.used = epoch, .seen = epoch};
+}
+
 class EpochStoreTest : public ::testing::Test {
  protected:
   EpochStoreTest()
@@ -32,9 +36,9 @@ class EpochStoreTest : public ::testing::Test {
   void expect_store_fails_keeping_the_old_value(const std::function<void(EpochFaults&)>& arm,
                                                 const std::string& operation,
                                                 const std::string& failed_path, int error) {
-    ASSERT_TRUE(store->store("pgdata", 41).has_value());
+    ASSERT_TRUE(store->store("pgdata", same(41)).has_value());
     arm(*faults);
-    const auto stored = store->store("pgdata", 42);
+    const auto stored = store->store("pgdata", same(42));
     ASSERT_FALSE(stored.has_value());
     EXPECT_EQ(stored.error().code(), ErrorCode::kOs);
     EXPECT_EQ(stored.error().errno_value(), error);
@@ -45,7 +49,7 @@ class EpochStoreTest : public ::testing::Test {
     *faults = EpochFaults{};
     const auto loaded = store->load("pgdata");
     ASSERT_TRUE(loaded.has_value()) << loaded.error().message();
-    EXPECT_EQ(*loaded, 41U);
+    EXPECT_EQ(*loaded, same(41));
   }
 
   TempDir dir;
@@ -54,16 +58,25 @@ class EpochStoreTest : public ::testing::Test {
 };
 
 TEST_F(EpochStoreTest, StoresAndLoadsDecimalWithANewline) {
-  ASSERT_TRUE(store->store("pgdata", 4294967295U).has_value());
+  ASSERT_TRUE(store->store("pgdata", same(4294967295U)).has_value());
   EXPECT_EQ(slurp(path()), "4294967295\n");
-  EXPECT_EQ(store->load("pgdata").value(), 4294967295U);
+  EXPECT_EQ(store->load("pgdata").value(), same(4294967295U));
   EXPECT_EQ(store->where("pgdata"), path());
+}
+
+// Used and seen apart are two numbers; equal, one (the format earlier releases wrote and read).
+TEST_F(EpochStoreTest, UsedAndSeenApartAreTwoNumbers) {
+  ASSERT_TRUE(store->store("pgdata", StoredEpochs{.used = 7, .seen = 12}).has_value());
+  EXPECT_EQ(slurp(path()), "7 12\n");
+  EXPECT_EQ(store->load("pgdata").value(), (StoredEpochs{.used = 7, .seen = 12}));
+  ASSERT_TRUE(store->store("pgdata", same(12)).has_value());
+  EXPECT_EQ(slurp(path()), "12\n");
 }
 
 // A short write is a slow disk, not a failure: the store finishes the line.
 TEST_F(EpochStoreTest, ShortWritesAreCompleted) {
   faults->short_writes = true;
-  ASSERT_TRUE(store->store("pgdata", 123456).has_value());
+  ASSERT_TRUE(store->store("pgdata", same(123456)).has_value());
   EXPECT_EQ(slurp(path()), "123456\n");
 }
 
@@ -72,8 +85,8 @@ TEST_F(EpochStoreTest, AMissingFileIsNotZero) {
   const auto loaded = store->load("pgdata");
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(*loaded, std::nullopt);
-  ASSERT_TRUE(store->store("pgdata", 0).has_value());
-  EXPECT_EQ(store->load("pgdata").value(), std::optional<std::uint32_t>(0U));
+  ASSERT_TRUE(store->store("pgdata", same(0)).has_value());
+  EXPECT_EQ(store->load("pgdata").value(), same(0));
 }
 
 TEST_F(EpochStoreTest, FullDiskOnWrite) {
@@ -105,36 +118,36 @@ TEST_F(EpochStoreTest, RenameFails) {
 // crash, so the store fails and the caller must not use the epoch. Either value is safe to read
 // afterwards (42 was never used; S3 only needs the stored value not to go down).
 TEST_F(EpochStoreTest, EioOnFsyncOfTheDirectory) {
-  ASSERT_TRUE(store->store("pgdata", 41).has_value());
+  ASSERT_TRUE(store->store("pgdata", same(41)).has_value());
   faults->fsync_dir = EIO;
-  const auto stored = store->store("pgdata", 42);
+  const auto stored = store->store("pgdata", same(42));
   ASSERT_FALSE(stored.has_value());
   EXPECT_EQ(stored.error().errno_value(), EIO);
   EXPECT_NE(stored.error().message().find("fsync directory " + dir.path()), std::string::npos)
       << stored.error().message();
   const auto loaded = store->load("pgdata");
   ASSERT_TRUE(loaded.has_value());
-  EXPECT_TRUE(*loaded == 41U || *loaded == 42U);
+  EXPECT_TRUE(*loaded == same(41) || *loaded == same(42));
 }
 
 // A real read-only directory, where the test can make one (root ignores the mode bits).
 TEST_F(EpochStoreTest, ARealReadOnlyDirectoryFailsOnCreate) {
   auto real = make_file_epoch_store(dir.path());
-  ASSERT_TRUE(real->store("pgdata", 7).has_value());
+  ASSERT_TRUE(real->store("pgdata", same(7)).has_value());
   std::filesystem::permissions(
       dir.path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
-  const auto stored = real->store("pgdata", 8);
+  const auto stored = real->store("pgdata", same(8));
   std::filesystem::permissions(dir.path(), std::filesystem::perms::owner_all);
   if (stored.has_value()) {
     GTEST_SKIP() << "mode bits do not bind this user (root): covered by ReadOnlyDirectoryOnCreate";
   }
   EXPECT_EQ(stored.error().errno_value(), EACCES);
   EXPECT_NE(stored.error().message().find("create " + path() + ".new"), std::string::npos);
-  EXPECT_EQ(real->load("pgdata").value(), 7U);
+  EXPECT_EQ(real->load("pgdata").value(), same(7));
 }
 
 TEST_F(EpochStoreTest, AnUnreadableFileNamesItself) {
-  ASSERT_TRUE(store->store("pgdata", 5).has_value());
+  ASSERT_TRUE(store->store("pgdata", same(5)).has_value());
   faults->open_read = EACCES;
   const auto loaded = store->load("pgdata");
   ASSERT_FALSE(loaded.has_value());
@@ -144,18 +157,19 @@ TEST_F(EpochStoreTest, AnUnreadableFileNamesItself) {
 
 // A truncated or garbage file is an error naming the file and what to do, never a number.
 TEST_F(EpochStoreTest, TruncatedEmptyOrGarbageFilesAreErrors) {
-  for (const std::string& text : std::vector<std::string>{"", "\n", "12a\n", "-1\n", "4294967296\n",
-                                                          "0x10\n", std::string(40, '9')}) {
+  for (const std::string& text :
+       std::vector<std::string>{"", "\n", "12a\n", "-1\n", "4294967296\n", "0x10\n", "7 \n",
+                                "7  8\n", "8 7\n", "1 2 3\n", std::string(60, '9')}) {
     write_file(path(), text);
     const auto loaded = store->load("pgdata");
-    ASSERT_FALSE(loaded.has_value()) << "'" << text << "' read as " << loaded->value_or(0);
+    ASSERT_FALSE(loaded.has_value()) << "'" << text << "' read as a number";
     EXPECT_EQ(loaded.error().code(), ErrorCode::kInvalidArgument);
     const std::string message = loaded.error().message();
     EXPECT_NE(message.find(path()), std::string::npos) << message;
     EXPECT_NE(message.find("remove it while the LUs still carry"), std::string::npos) << message;
   }
   write_file(path(), "17");  // no newline: an older writer, still a number
-  EXPECT_EQ(store->load("pgdata").value(), 17U);
+  EXPECT_EQ(store->load("pgdata").value(), same(17));
 }
 
 }  // namespace

@@ -297,23 +297,74 @@ Result<void> Resource::load_epochs() {
     return tl::unexpected(loaded.error());
   }
   stored_ = *loaded;
-  high_water_ = std::max(high_water_, stored_.value_or(0U));
+  high_water_ = std::max(high_water_, stored_ ? stored_->high_water() : 0U);
   return {};
 }
 
-Result<void> Resource::store_epochs(std::uint32_t epoch) {
-  if (auto stored = epochs_.store(options_.name, epoch); !stored) {
+Result<void> Resource::store_epochs(StoredEpochs epochs) {
+  if (auto stored = epochs_.store(options_.name, epochs); !stored) {
     return stored;
   }
-  stored_ = epoch;
-  high_water_ = std::max(high_water_, epoch);
+  stored_ = epochs;
+  high_water_ = std::max(high_water_, epochs.high_water());
   return {};
 }
 
-// A key drawn with epoch: durable before it exists anywhere, so no restart can reuse it.
+// A key drawn with epoch: durable before it exists anywhere, so no restart can reuse it. It is
+// above everything seen (the draw's floor), so it is the seen mark too.
 Result<void> Resource::store_drawn(std::uint32_t epoch) {
   BLKFENCE_ASSERT(epoch > high_water_ || mutant::kNoEpochBump || mutant::kPromoteNoEpochBump);
-  return store_epochs(epoch);
+  return store_epochs(StoredEpochs{.used = epoch, .seen = std::max(epoch, high_water_)});
+}
+
+// S3: the highest epoch of this cluster a read shows is stored as soon as it rises above the stored
+// one, so that a target that forgets its PR state (a power cycle without APTPL, a CLEAR) cannot
+// bring a later draw of this node below an epoch any node of the cluster used. A read that shows
+// nothing new writes nothing: the monitor's reads stay free of fsyncs. used_floor raises the epoch
+// a restart may adopt (a lost file: see probe_read). The reads may lack keys (a monitor round).
+Result<void> Resource::remember_epochs(const Reads& reads, std::uint32_t used_floor) {
+  const std::uint32_t seen = std::max(used_floor, seen_epoch(reads));
+  high_water_ = std::max(high_water_, seen);  // in memory at once, whether or not the disk follows
+  const StoredEpochs now_stored = stored_.value_or(StoredEpochs{});
+  const StoredEpochs wanted{.used = std::max(now_stored.used, used_floor),
+                            .seen = std::max({now_stored.seen, seen, used_floor})};
+  if (stored_ ? wanted == *stored_ : wanted.seen == 0) {
+    return {};  // nothing new (or a first start on LUs without a key of this cluster)
+  }
+  return store_epochs(wanted);
+}
+
+// The highest epoch of this cluster the reads show, holders included; keys where they were read.
+std::uint32_t Resource::seen_epoch(const Reads& reads) const {
+  std::uint32_t seen = 0;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    std::vector<std::uint64_t> keys =
+        reads.lus[i].keys ? reads.lus[i].keys->keys : std::vector<std::uint64_t>{};
+    if (const auto holder = reads.holder(i)) {
+      keys.push_back(*holder);
+    }
+    for (const std::uint64_t k : keys) {
+      if (Key::cluster_of(k) == options_.cluster_id) {
+        seen = std::max(seen, Key::epoch_of(k));
+      }
+    }
+  }
+  return seen;
+}
+
+// A monitor round's reads: a rise is stored (rare: a new key of the cluster); a failure to store is
+// reported once per epoch, not retried at every check, and the next draw stores above it anyway.
+void Resource::note_epochs(const Reads& reads) {
+  const std::uint32_t seen = seen_epoch(reads);
+  if (seen <= std::max(stored_ ? stored_->seen : 0U, epoch_store_failed_)) {
+    return;
+  }
+  if (auto remembered = remember_epochs(reads); !remembered) {
+    epoch_store_failed_ = seen;
+    emit(EventKind::kOperationFailed,
+         "storing epoch " + std::to_string(seen) +
+             " seen on the LUs failed: " + remembered.error().message());
+  }
 }
 
 // --- start ---------------------------------------------------------------------------------------
@@ -369,7 +420,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
   last_read_ok_ = reads.started;
   // The epoch of the last key this node drew and did not give up (acquire stores it before
   // registering; release and a failed acquire store one more).
-  const std::uint32_t stored = stored_.value_or(0);
+  const std::uint32_t stored = stored_ ? stored_->used : 0;
   std::string note;
   std::uint32_t used_floor = 0;
   if (!stored_) {
@@ -392,21 +443,12 @@ void Resource::probe_read(const Reads& reads, Time now) {
              " of this node is on the LUs";
     }
   }
-  // S3: no key this node has used on these LUs may be reused.
-  for (const auto& lu : reads.lus) {
-    for (const std::uint64_t k : lu.keys->keys) {
-      if (ours(k)) {
-        high_water_ = std::max(high_water_, Key::epoch_of(k));
-      }
-    }
-  }
-  if (used_floor > 0) {
-    const std::uint32_t repair = std::max(used_floor, highest_epoch(reads));
-    if (auto repaired = store_epochs(repair); !repaired) {
-      note += "; storing it failed: " + repaired.error().message();
-    } else {
-      note += ": stored " + std::to_string(repair) + ", the highest epoch seen and above that key";
-    }
+  if (auto remembered = remember_epochs(reads, used_floor); !remembered) {
+    note += std::string(note.empty() ? "" : "; ") +
+            "storing the epochs seen failed: " + remembered.error().message();
+  } else if (!note.empty()) {
+    note += ": stored " + std::to_string(stored_->used) + " as the epoch last used and " +
+            std::to_string(stored_->seen) + " as the highest seen";
   }
   const auto with_note = [&note](std::string detail) {
     return note.empty() ? detail : detail + " (" + note + ")";

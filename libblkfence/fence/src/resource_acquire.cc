@@ -429,10 +429,14 @@ void Resource::release_keeping(Key key, bool held, Time now) {
 }
 
 Result<void> Resource::give_up(Key key) {
-  if (key.epoch() == UINT32_MAX || high_water_ > key.epoch()) {
+  // Only the epoch last used decides adoption: a higher epoch seen (a member's key in primary mode)
+  // does not give this key up.
+  if (key.epoch() == UINT32_MAX || (stored_ && stored_->used > key.epoch())) {
     return {};  // nothing above it can be adopted; the exhausted space refuses acquires anyway
   }
-  return store_epochs(key.epoch() + 1);
+  const std::uint32_t seen = stored_ ? stored_->seen : 0;
+  return store_epochs(
+      StoredEpochs{.used = key.epoch() + 1, .seen = std::max(seen, key.epoch() + 1)});
 }
 
 void Resource::release_shared(Key key, Time now) {

@@ -22,7 +22,7 @@ namespace {
 // epoch is one above the highest this cluster shows on any LU (9, above the persisted 7), it is
 // persisted, and the gate opens with a verified_since no later than the moment it opened.
 TEST_F(ResourceTest, AcquireRegistersEveryPathAndHoldsAloneWithAFreshPersistedEpoch) {
-  ASSERT_TRUE(a->store.store("pgdata", 7).has_value());
+  ASSERT_TRUE(a->store.store("pgdata", {.used = 7, .seen = 7}).has_value());
   register_directly(nexus_of(kNodeB, 1, 0), 1, key_of(kNodeB, 9).value());
   a->boot(a->options());
   a->resource->start(now());
@@ -62,7 +62,7 @@ TEST_F(ResourceTest, AcquireRegistersEveryPathAndHoldsAloneWithAFreshPersistedEp
 // S3: the persisted high-water mark wins when it is above every key on the LUs (a CLEAR or a LUN
 // reset may have forgotten them), and a second acquire while holding returns the same key.
 TEST_F(ResourceTest, EpochIsAboveThePersistedHighWaterWhenTheLusForgot) {
-  ASSERT_TRUE(a->store.store("pgdata", 12).has_value());
+  ASSERT_TRUE(a->store.store("pgdata", {.used = 12, .seen = 12}).has_value());
   register_directly(nexus_of(kNodeB, 0, 0), 0, key_of(kNodeB, 9).value());
   a->boot(a->options());
   const Key key = acquired(*a);
@@ -152,7 +152,7 @@ TEST_F(ResourceTest, ReacquireWhileHoldingAnOlderKeyOfItsOwnSucceeds) {
 // REGISTER moves the holding nexus to the new key as usual.
 TEST_F(ResourceTest, AnOlderKeyOfItsOwnHoldingThroughAVanishedPathIsPreempted) {
   const std::uint64_t old_key = key_of(kNodeA, 5).value();
-  ASSERT_TRUE(a->store.store("pgdata", 5).has_value());
+  ASSERT_TRUE(a->store.store("pgdata", {.used = 5, .seen = 5}).has_value());
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     for (std::size_t path = 0; path < 2; ++path) {
       register_directly(nexus_of(kNodeA, lu, path), lu, old_key);

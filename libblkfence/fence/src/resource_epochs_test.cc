@@ -72,7 +72,7 @@ TEST_P(StoreFaultTest, AnEpochThatCannotBeStoredIsNeverRegistered) {
   const auto [operation, fault] = GetParam();
   b->boot(options_for(*b, operation));
   a->boot(options_for(*a, operation), file_store.get());
-  ASSERT_TRUE(file_store->store("pgdata", 1).has_value());
+  ASSERT_TRUE(file_store->store("pgdata", {.used = 1, .seen = 1}).has_value());
   std::uint32_t member_epoch = 0;
   if (operation == Operation::kAcquire) {
     (void)acquired(*b);
@@ -247,6 +247,101 @@ TEST_F(EpochsTest, AMissingFileIsRepairedOnceTheLusAnswer) {
   EXPECT_EQ(a->resource->state(), State::kReleased);
   EXPECT_TRUE(
       said(a->recorder, EventKind::kStateKnown, "was missing while key " + key.to_string()));
+}
+
+// --- epochs seen from any node (S3)
+// ---------------------------------------------------------------
+
+// Counts the stores that reach the disk (each is an fsync on the event loop).
+class CountingStore final : public EpochStore {
+ public:
+  Result<std::optional<StoredEpochs>> load(const std::string& resource) override {
+    return memory.load(resource);
+  }
+  Result<void> store(const std::string& resource, StoredEpochs epochs) override {
+    ++stores;
+    return memory.store(resource, epochs);
+  }
+  std::string where(const std::string& resource) const override { return memory.where(resource); }
+
+  MemoryEpochStore memory;
+  std::size_t stores = 0;
+};
+
+// B holds with epoch 41; A only starts and reads it. The target then forgets every registration
+// (a CLEAR; a power cycle without APTPL is the same to the protocol): A's next acquire still draws
+// above 41, from its own disk.
+TEST_F(EpochsTest, AnEpochSeenFromAnotherNodeOutlivesATargetThatForgets) {
+  ASSERT_TRUE(b->store.store("pgdata", {.used = 40, .seen = 40}).has_value());
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  ASSERT_EQ(key_b.epoch(), 41U);
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->seen_epoch(), 41U);
+  EXPECT_EQ(a->stored_epoch(), 0U) << "A used no epoch: nothing of A's to adopt";
+  b->crash();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_clear(key_b.value()));
+  }
+  EXPECT_GT(acquired(*a).epoch(), 41U);
+}
+
+// The monitor's reads store a rise too, once: a key of the cluster with a higher epoch appears on
+// the LUs while A holds; A stores it at the next round that reads keys, and not again after.
+TEST_F(EpochsTest, TheMonitorStoresARiseOnceAndOnlyARise) {
+  CountingStore counting;
+  a->boot(a->options(), &counting);
+  const Key key = acquired(*a);
+  const std::size_t after_acquire = counting.stores;
+  run_for(milliseconds(2000));
+  EXPECT_EQ(counting.stores, after_acquire) << "no rise, no store";
+  const Key racer = key_of(kNodeB, 50);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    register_directly(nexus_of(kNodeB, lu, 0), lu, racer.value());
+  }
+  ASSERT_TRUE(run_until([&] {
+    const auto stored = counting.memory.load("pgdata");
+    return stored && *stored && (*stored)->seen == 50;
+  }));
+  const auto stored = counting.memory.load("pgdata").value();
+  EXPECT_EQ(stored->used, key.epoch()) << "a key seen is not a key used";
+  const std::size_t after_rise = counting.stores;
+  run_for(milliseconds(2000));
+  EXPECT_LE(counting.stores, after_rise + 1) << "at most a give-up, if the racer fenced A";
+  a->crash();
+}
+
+// Primary mode: members draw above the primary, so the highest epoch seen is above the primary's
+// own. The primary that restarts is still adopted: adoption compares the epoch it used, not the one
+// it saw.
+TEST_F(EpochsTest, APrimaryWhoseMembersOutrankItIsAdoptedAfterARestart) {
+  ResourceOptions primary_a = a->options(Mode::kShared);
+  primary_a.primary = true;
+  ResourceOptions primary_b = b->options(Mode::kShared);
+  primary_b.primary = true;
+  a->boot(primary_a);
+  b->boot(primary_b);
+  Outcome* joined = b->unfence();
+  ASSERT_TRUE(run_until([&] { return joined->done(); }));
+  Outcome* promoted = b->promote();
+  ASSERT_TRUE(run_until([&] { return promoted->done(); }));
+  ASSERT_TRUE(promoted->result->has_value()) << promoted->result->error().message();
+  const Key primary = **promoted->result;
+  Outcome* member = a->unfence();
+  ASSERT_TRUE(run_until([&] { return member->done(); }));
+  ASSERT_TRUE(member->result->has_value()) << member->result->error().message();
+  ASSERT_GT((*member->result)->epoch(), primary.epoch());
+  ASSERT_TRUE(run_until([&] { return b->seen_epoch() == (*member->result)->epoch(); }))
+      << "B's monitor stores the member's epoch";
+  b->crash();
+  b->boot(primary_b);
+  b->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return b->resource->state_known(); }));
+  EXPECT_EQ(b->resource->state(), State::kHeld) << b->resource->detail();
+  EXPECT_EQ(b->resource->key(), primary);
 }
 
 }  // namespace

@@ -97,6 +97,7 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
     probe_read(reads, now);
     return;
   }
+  note_epochs(reads);  // S3: a key of the cluster above the stored epochs is stored
   const bool has_keys = std::all_of(reads.lus.begin(), reads.lus.end(),
                                     [](const Reads::Lu& lu) { return lu.keys.has_value(); });
   if (leftover_ && has_keys && started >= leftover_->after) {

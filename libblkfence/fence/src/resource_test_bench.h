@@ -131,8 +131,8 @@ class Recorder final : public Observer {
 // An epoch store whose disk is full.
 class FailingStore final : public EpochStore {
  public:
-  Result<std::optional<std::uint32_t>> load(const std::string&) override { return 0U; }
-  Result<void> store(const std::string&, std::uint32_t) override {
+  Result<std::optional<StoredEpochs>> load(const std::string&) override { return StoredEpochs{}; }
+  Result<void> store(const std::string&, StoredEpochs) override {
     return fail(ErrorCode::kOs, "write RESOURCE.epoch: no space left on device");
   }
   std::string where(const std::string& resource) const override { return resource + ".epoch"; }
@@ -142,8 +142,10 @@ class FailingStore final : public EpochStore {
 class ReadOnlyStore final : public EpochStore {
  public:
   explicit ReadOnlyStore(std::uint32_t epoch) : epoch_(epoch) {}
-  Result<std::optional<std::uint32_t>> load(const std::string&) override { return epoch_; }
-  Result<void> store(const std::string&, std::uint32_t) override {
+  Result<std::optional<StoredEpochs>> load(const std::string&) override {
+    return StoredEpochs{.used = epoch_, .seen = epoch_};
+  }
+  Result<void> store(const std::string&, StoredEpochs) override {
     return fail(ErrorCode::kOs, "write RESOURCE.epoch: read-only file system");
   }
   std::string where(const std::string& resource) const override { return resource + ".epoch"; }
@@ -245,10 +247,15 @@ class Node {
 
   Time now() const { return target_.clock().now(); }
   std::uint16_t id() const { return id_; }
-  // The epoch on this node's disk; 0 when there is none.
+  // The epoch this node last used, on its disk; 0 when there is none.
   std::uint32_t stored_epoch() {
     const auto stored = store.load("pgdata");
-    return stored && *stored ? **stored : 0U;
+    return stored && *stored ? (*stored)->used : 0U;
+  }
+  // The highest epoch it has seen; 0 when there is none.
+  std::uint32_t seen_epoch() {
+    const auto stored = store.load("pgdata");
+    return stored && *stored ? (*stored)->seen : 0U;
   }
 
   std::function<Fault(const FaultContext&)> faults;  // injected into this node's commands

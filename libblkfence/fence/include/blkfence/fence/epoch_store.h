@@ -1,12 +1,12 @@
-// Where a node keeps the highest epoch of each resource (fence layer).
+// Where a node keeps the epochs of each resource (fence layer).
 //
 // S3 (docs/protocol.md): epochs of a resource never go backwards, across daemon restarts and LU
 // resets. The devices remember the keys registered on them, but a CLEAR or a target that forgets
-// its PR state (a power cycle without APTPL) forgets them; the high-water mark on the node's own
-// disk does not. It holds the highest epoch this node used or saw on the LUs from any node of its
-// cluster. The file store writes RESOURCE.epoch beside a temporary, fsyncs it, renames it over the
-// old one and fsyncs the directory, so a crash leaves the old value or the new one, never neither.
-// Thread-compatible.
+// its PR state (a power cycle without APTPL) forgets them; the node's own disk does not. It keeps
+// the epoch of the last key this node drew (the token a restart may adopt) and the highest epoch of
+// the cluster it has seen on the LUs from any node. The file store writes RESOURCE.epoch beside a
+// temporary, fsyncs it, renames it over the old one and fsyncs the directory, so a crash leaves the
+// old value or the new one, never neither. Thread-compatible.
 #pragma once
 
 #include <cstdint>
@@ -22,15 +22,28 @@
 
 namespace blkfence::fence {
 
+// What a node keeps for one resource.
+struct StoredEpochs {
+  // The epoch of the last key this node drew, or one above it once that key was given up (release,
+  // a failed acquire): a key of ours with exactly this epoch is the token a restart may adopt.
+  std::uint32_t used = 0;
+  // The highest epoch of this cluster seen on the LUs from any node (at least used): no new key may
+  // be drawn at or below it, whatever the LUs show later.
+  std::uint32_t seen = 0;
+
+  std::uint32_t high_water() const { return used > seen ? used : seen; }
+  bool operator==(const StoredEpochs&) const = default;
+};
+
 class EpochStore {
  public:
   virtual ~EpochStore() = default;
-  // nullopt when the resource has no stored epoch (no file): the node's first start, or a file
+  // nullopt when the resource has nothing stored (no file): the node's first start, or a file
   // lost since; the caller tells the two apart by what the LUs show (docs/protocol.md, S3).
-  [[nodiscard]] virtual Result<std::optional<std::uint32_t>> load(const std::string& resource) = 0;
+  [[nodiscard]] virtual Result<std::optional<StoredEpochs>> load(const std::string& resource) = 0;
   // Durable when it returns. On an error the previous value is still the stored one, or (the
   // directory's fsync failed after the rename) the new one.
-  [[nodiscard]] virtual Result<void> store(const std::string& resource, std::uint32_t epoch) = 0;
+  [[nodiscard]] virtual Result<void> store(const std::string& resource, StoredEpochs epochs) = 0;
   // Where the epoch of resource lives, for messages (a path for the file store).
   virtual std::string where(const std::string& resource) const = 0;
 };
@@ -48,21 +61,22 @@ struct EpochFileCalls {
   static EpochFileCalls system();
 };
 
-// dir/RESOURCE.epoch holding the epoch in decimal and a newline.
+// dir/RESOURCE.epoch holding "USED SEEN" in decimal and a newline, or "USED" alone when the two are
+// equal (the format of earlier releases, which kept only the epoch the node drew).
 std::unique_ptr<EpochStore> make_file_epoch_store(std::string dir,
                                                   EpochFileCalls calls = EpochFileCalls::system());
 
 // In memory, for tests and the simulation (a simulated node's "disk" outlives its daemon).
 class MemoryEpochStore final : public EpochStore {
  public:
-  [[nodiscard]] Result<std::optional<std::uint32_t>> load(const std::string& resource) override;
-  [[nodiscard]] Result<void> store(const std::string& resource, std::uint32_t epoch) override;
+  [[nodiscard]] Result<std::optional<StoredEpochs>> load(const std::string& resource) override;
+  [[nodiscard]] Result<void> store(const std::string& resource, StoredEpochs epochs) override;
   std::string where(const std::string& resource) const override;
   // The file is lost (an operator removed the state directory, a fresh disk).
   void forget(const std::string& resource) { epochs_.erase(resource); }
 
  private:
-  std::map<std::string, std::uint32_t> epochs_;
+  std::map<std::string, StoredEpochs> epochs_;
 };
 
 }  // namespace blkfence::fence

@@ -226,8 +226,11 @@ class Resource {
   void probe_read(const Reads& reads, Time now);
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
   [[nodiscard]] Result<void> load_epochs();
-  [[nodiscard]] Result<void> store_epochs(std::uint32_t epoch);
+  [[nodiscard]] Result<void> store_epochs(StoredEpochs epochs);
   [[nodiscard]] Result<void> store_drawn(std::uint32_t epoch);
+  [[nodiscard]] Result<void> remember_epochs(const Reads& reads, std::uint32_t used_floor = 0);
+  std::uint32_t seen_epoch(const Reads& reads) const;
+  void note_epochs(const Reads& reads);
   std::string not_held(const Reads& reads, std::uint32_t stored) const;
 
   // resource_acquire.cc: acquire and release (exclusive).
@@ -310,8 +313,9 @@ class Resource {
   bool check_in_flight_ = false;
   bool keys_next_ = true;  // the next check reads keys too
   std::optional<Key> key_;
-  std::uint32_t high_water_ = 0;         // no new key at or below it (S3): stored, or seen since
-  std::optional<std::uint32_t> stored_;  // what the node's disk holds; nullopt while it has no file
+  std::uint32_t high_water_ = 0;        // no new key at or below it (S3): stored, or seen since
+  std::optional<StoredEpochs> stored_;  // what the node's disk holds; nullopt while it has no file
+  std::uint32_t epoch_store_failed_ = 0;  // the highest seen epoch the monitor failed to store
   std::optional<std::uint64_t> fenced_by_;
   std::string detail_;
   std::vector<LuView> views_;
