@@ -371,7 +371,37 @@ void Resource::note_epochs(const Reads& reads) {
 
 void Resource::start(Time now) {
   begin(Op::kProbe, nullptr);
-  read_all(true, now, [this](const Reads& reads, Time at) { probe_read(reads, at); });
+  read_capabilities(now, [this](Time from) {
+    read_all(true, from, [this](const Reads& reads, Time at) { probe_read(reads, at); });
+  });
+}
+
+// docs/protocol.md, "APTPL": where every LU reports PTPL_C, our REGISTERs carry APTPL=1 and the
+// target keeps the registrations and the reservation across a power loss (SPC-4 5.13.5); where one
+// does not, or did not answer, none does (APTPL=1 to a LU without PTPL_C is an ILLEGAL REQUEST).
+// Read once, at the start: capabilities do not change under a running target.
+void Resource::read_capabilities(Time now, std::function<void(Time)> then) {
+  std::vector<pr::Request> requests;
+  for (const auto& lu : options_.lus) {
+    requests.push_back(pr::report_capabilities_request(lu));
+  }
+  run(std::move(requests), now,
+      [this, then = std::move(then)](const std::vector<pr::Response>& responses, Time at) {
+        aptpl_ = std::all_of(responses.begin(), responses.end(), [](const pr::Response& r) {
+          if (!r.data) {
+            return false;
+          }
+          const auto caps = codec::decode_report_capabilities(*r.data);
+          return caps.has_value() && !caps->truncated && caps->ptpl_c;
+        });
+        then(at);
+      });
+}
+
+// Every REGISTER of ours, unregisters included: LIO rewrites its APTPL state at each, and one with
+// APTPL=0 would make the LU forget every registration at its next power loss.
+codec::RegisterOptions Resource::register_options() const {
+  return codec::RegisterOptions{.all_tg_pt = false, .aptpl = aptpl_};
 }
 
 namespace {

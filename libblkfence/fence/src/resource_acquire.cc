@@ -88,8 +88,9 @@ void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
   }
   std::vector<pr::Request> requests;
   for (const auto& lu : options_.lus) {
-    for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
-                                              "REGISTER AND IGNORE EXISTING KEY")) {
+    for (auto& request :
+         pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value(), register_options()),
+                              "REGISTER AND IGNORE EXISTING KEY")) {
       requests.push_back(std::move(request));
     }
   }
@@ -324,7 +325,8 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
         continue;
       }
       for (auto& request : pr::prout_every_path(
-               options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+               options_.lus[i], codec::prout_register(key.value(), 0, register_options()),
+               "REGISTER (unregister)")) {
         cleanup.push_back(std::move(request));
       }
     }
@@ -475,8 +477,9 @@ void Resource::release_shared(Key key, Time now) {
           run(std::move(releases), read, [this, key](const std::vector<pr::Response>&, Time at) {
             std::vector<pr::Request> unregisters;
             for (const auto& lu : options_.lus) {
-              for (auto& request : pr::prout_every_path(lu, codec::prout_register(key.value(), 0),
-                                                        "REGISTER (unregister)")) {
+              for (auto& request : pr::prout_every_path(
+                       lu, codec::prout_register(key.value(), 0, register_options()),
+                       "REGISTER (unregister)")) {
                 unregisters.push_back(std::move(request));
               }
             }

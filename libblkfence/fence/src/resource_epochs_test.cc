@@ -344,5 +344,44 @@ TEST_F(EpochsTest, APrimaryWhoseMembersOutrankItIsAdoptedAfterARestart) {
   EXPECT_EQ(b->resource->key(), primary);
 }
 
+// --- APTPL (docs/protocol.md)
+// ---------------------------------------------------------------------
+
+// Every LU reports PTPL_C: every REGISTER of the node, the unregister of its release included,
+// carries APTPL=1, and the target has APTPL active on every LU.
+TEST_F(EpochsTest, RegistersCarryAptplWhereEveryLuReportsPtplC) {
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  const std::size_t before = sent.size();
+  (void)acquired(*a);
+  const auto mine = a->sent_since(before);
+  ASSERT_TRUE(std::any_of(mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); }));
+  for (const Sent& s : mine) {
+    if (s.is(PrOutAction::kRegister) || s.is(PrOutAction::kRegisterAndIgnoreExistingKey)) {
+      EXPECT_TRUE(s.aptpl) << "a REGISTER without APTPL on nexus " << s.nexus;
+    }
+  }
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_TRUE(target.aptpl_active(static_cast<LuId>(lu))) << "lu" << lu;
+  }
+}
+
+// One LU does not report PTPL_C: no REGISTER carries APTPL (it would be refused there, and APTPL
+// on some LUs only would keep some tokens and lose others), and acquire works as before.
+TEST_F(EpochsTest, NoRegisterCarriesAptplWhereOneLuLacksPtplC) {
+  target.set_ptpl_capable(1, false);
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  const std::size_t before = sent.size();
+  (void)acquired(*a);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.aptpl; }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_FALSE(target.aptpl_active(static_cast<LuId>(lu))) << "lu" << lu;
+  }
+}
+
 }  // namespace
 }  // namespace blkfence::fence::test

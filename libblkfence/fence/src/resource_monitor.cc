@@ -249,7 +249,8 @@ void Resource::take_back_leftover(const Reads& reads, Time now) {
     const auto holder = reads.holder(i);
     if (holder && *holder != key.value() && reads.registered(i, key.value())) {
       for (auto& request : pr::prout_every_path(
-               options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+               options_.lus[i], codec::prout_register(key.value(), 0, register_options()),
+               "REGISTER (unregister)")) {
         requests.push_back(std::move(request));
       }
     }

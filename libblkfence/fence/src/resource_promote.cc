@@ -84,8 +84,9 @@ void Resource::promote_draw(const Reads& reads, Time now) {
   // in one command: the node stays registered, and so able to write, throughout.
   std::vector<pr::Request> requests;
   for (const auto& lu : options_.lus) {
-    for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
-                                              "REGISTER AND IGNORE EXISTING KEY")) {
+    for (auto& request :
+         pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value(), register_options()),
+                              "REGISTER AND IGNORE EXISTING KEY")) {
       requests.push_back(std::move(request));
     }
   }

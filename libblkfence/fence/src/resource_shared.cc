@@ -68,8 +68,9 @@ void Resource::unfence_register(Time now) {
     set_state(State::kUnfencing, "registering " + key.to_string());
     std::vector<pr::Request> requests;
     for (const auto& lu : options_.lus) {
-      for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
-                                                "REGISTER AND IGNORE EXISTING KEY")) {
+      for (auto& request : pr::prout_every_path(
+               lu, codec::prout_register_and_ignore(key.value(), register_options()),
+               "REGISTER AND IGNORE EXISTING KEY")) {
         requests.push_back(std::move(request));
       }
     }

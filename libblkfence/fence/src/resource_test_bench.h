@@ -79,6 +79,7 @@ struct Sent {
   std::uint8_t action = 0;  // PR IN or PR OUT service action
   std::uint64_t key = 0;    // PR OUT RESERVATION KEY
   std::uint64_t sa_key = 0;
+  bool aptpl = false;  // PR OUT parameter list byte 20 bit 0
 
   bool is_prout() const { return opcode == 0x5f; }
   bool is(PrOutAction a) const { return is_prout() && action == static_cast<std::uint8_t>(a); }
@@ -273,10 +274,12 @@ class Node {
               .opcode = c.command.cdb[0],
               .action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU),
               .key = 0,
-              .sa_key = 0};
+              .sa_key = 0,
+              .aptpl = false};
     if (sent.is_prout() && c.command.data_out.size() >= 16) {
       sent.key = load_be64(c.command.data_out, 0);
       sent.sa_key = load_be64(c.command.data_out, 8);
+      sent.aptpl = c.command.data_out.size() > 20 && (c.command.data_out[20] & 0x01U) != 0;
     }
     sent_.push_back(sent);
     return faults ? faults(c) : Fault{};

@@ -190,8 +190,11 @@ SimAnswer persistent_reserve_in(const Lu& lu, const Command& command) {
       }
       std::vector<std::uint8_t> caps(8, 0);
       store_be16(caps, 0, 8);
-      caps[2] = 0x10 | 0x08 | 0x04 | 0x01;  // CRH, SIP_C, ATP_C, PTPL_C
-      caps[3] = 0x80 | 0x10;                // TMV, ALLOW COMMANDS 001b
+      caps[2] = 0x10 | 0x08 | 0x04;  // CRH, SIP_C, ATP_C
+      if (lu.config.ptpl_capable) {
+        caps[2] |= 0x01;  // PTPL_C
+      }
+      caps[3] = 0x80 | 0x10;  // TMV, ALLOW COMMANDS 001b
       if (lu.aptpl_active) {
         caps[3] |= 0x01;  // PTPL_A
       }
@@ -523,6 +526,14 @@ std::vector<UnitAttention> SimTarget::unit_attentions(LuId lu, NexusId nexus) co
 
 std::size_t SimTarget::held_count(LuId lu) const {
   return impl_->lu(lu).tasks.size();
+}
+
+bool SimTarget::aptpl_active(LuId lu) const {
+  return impl_->lu(lu).aptpl_active;
+}
+
+void SimTarget::set_ptpl_capable(LuId lu, bool capable) {
+  impl_->lu(lu).config.ptpl_capable = capable;
 }
 
 std::optional<std::vector<std::uint8_t>> SimTarget::block(LuId lu, std::uint64_t lba) const {

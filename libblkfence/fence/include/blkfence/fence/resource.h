@@ -224,6 +224,8 @@ class Resource {
   std::uint32_t highest_epoch(const Reads& reads) const;
   bool outranks(std::uint64_t other, Key key) const;
   void probe_read(const Reads& reads, Time now);
+  void read_capabilities(Time now, std::function<void(Time)> then);
+  codec::RegisterOptions register_options() const;
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
   [[nodiscard]] Result<void> load_epochs();
   [[nodiscard]] Result<void> store_epochs(StoredEpochs epochs);
@@ -313,7 +315,8 @@ class Resource {
   bool check_in_flight_ = false;
   bool keys_next_ = true;  // the next check reads keys too
   std::optional<Key> key_;
-  std::uint32_t high_water_ = 0;        // no new key at or below it (S3): stored, or seen since
+  std::uint32_t high_water_ = 0;  // no new key at or below it (S3): stored, or seen since
+  bool aptpl_ = false;            // every LU reported PTPL_C at the start: REGISTER with APTPL=1
   std::optional<StoredEpochs> stored_;  // what the node's disk holds; nullopt while it has no file
   std::uint32_t epoch_store_failed_ = 0;  // the highest seen epoch the monitor failed to store
   std::optional<std::uint64_t> fenced_by_;

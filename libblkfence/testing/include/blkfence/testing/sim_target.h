@@ -136,6 +136,9 @@ struct LuConfig {
   // False stands for LIO without <db_root>/pr (docs/design.md §7): REGISTER and unregister answer
   // NOT READY 08/00 although they took effect (docs/reference/lio.md §2).
   bool aptpl_file_writable = true;
+  // REPORT CAPABILITIES says PTPL_C (LIO always does); without it a REGISTER with APTPL=1 is
+  // refused, ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST (SPC-4 6.16.2).
+  bool ptpl_capable = true;
 };
 
 // Where a device name leads.
@@ -188,6 +191,9 @@ class SimTarget {
   std::uint32_t generation(LuId lu) const;
   std::vector<UnitAttention> unit_attentions(LuId lu, NexusId nexus) const;
   std::size_t held_count(LuId lu) const;
+  // The last REGISTER (or REGISTER AND MOVE) set APTPL and the APTPL file was written.
+  bool aptpl_active(LuId lu) const;
+  void set_ptpl_capable(LuId lu, bool capable);
   // The block as last written, nullopt if never written.
   std::optional<std::vector<std::uint8_t>> block(LuId lu, std::uint64_t lba) const;
   const SimHistory& history() const;
