@@ -379,7 +379,8 @@ void Resource::start(Time now) {
 // docs/protocol.md, "APTPL": where every LU reports PTPL_C, our REGISTERs carry APTPL=1 and the
 // target keeps the registrations and the reservation across a power loss (SPC-4 5.13.5); where one
 // does not, or did not answer, none does (APTPL=1 to a LU without PTPL_C is an ILLEGAL REQUEST).
-// Read once, at the start: capabilities do not change under a running target.
+// Read at the start (capabilities do not change under a running target), and again before an
+// operation registers if a LU did not answer then.
 void Resource::read_capabilities(Time now, std::function<void(Time)> then) {
   std::vector<pr::Request> requests;
   for (const auto& lu : options_.lus) {
@@ -387,21 +388,39 @@ void Resource::read_capabilities(Time now, std::function<void(Time)> then) {
   }
   run(std::move(requests), now,
       [this, then = std::move(then)](const std::vector<pr::Response>& responses, Time at) {
-        aptpl_ = std::all_of(responses.begin(), responses.end(), [](const pr::Response& r) {
-          if (!r.data) {
-            return false;
+        bool answered = true;
+        bool ptpl_c = true;
+        for (const pr::Response& response : responses) {
+          std::optional<codec::Capabilities> caps;
+          if (response.data) {
+            if (auto decoded = codec::decode_report_capabilities(*response.data)) {
+              caps = *decoded;
+            }
           }
-          const auto caps = codec::decode_report_capabilities(*r.data);
-          return caps.has_value() && !caps->truncated && caps->ptpl_c;
-        });
+          if (caps && !caps->truncated) {
+            ptpl_c = ptpl_c && caps->ptpl_c;
+          } else {
+            answered = false;
+          }
+        }
+        // A LU that says no PTPL_C settles it; one that did not answer leaves it open.
+        aptpl_ = answered || !ptpl_c ? std::optional(answered && ptpl_c) : std::nullopt;
         then(at);
       });
+}
+
+void Resource::with_capabilities(Time now, std::function<void(Time)> then) {
+  if (aptpl_) {
+    then(now);
+    return;
+  }
+  read_capabilities(now, std::move(then));
 }
 
 // Every REGISTER of ours, unregisters included: LIO rewrites its APTPL state at each, and one with
 // APTPL=0 would make the LU forget every registration at its next power loss.
 codec::RegisterOptions Resource::register_options() const {
-  return codec::RegisterOptions{.all_tg_pt = false, .aptpl = aptpl_};
+  return codec::RegisterOptions{.all_tg_pt = false, .aptpl = aptpl_.value_or(false)};
 }
 
 namespace {

@@ -41,18 +41,20 @@ void Resource::acquire(Time now, Done done) {
     end(tl::unexpected(loaded.error()), now);
     return;
   }
-  after_monitor_prouts(now, [this, before](Time from) {
-    read_all(true, from, [this, before](Reads reads, Time at) {
-      if (!reads.ok()) {
-        set_state(before == State::kFenced ? State::kFenced : State::kReleased,
-                  "acquire failed: " + reads.errors(options_.lus));
-        end(fail(ErrorCode::kIndeterminate,
-                 "acquire of " + options_.name +
-                     ": cannot read the LUs: " + reads.errors(options_.lus)),
-            at);
-        return;
-      }
-      acquire_draw(std::move(reads), 0, at);
+  after_monitor_prouts(now, [this, before](Time monitor_done) {
+    with_capabilities(monitor_done, [this, before](Time from) {
+      read_all(true, from, [this, before](Reads reads, Time at) {
+        if (!reads.ok()) {
+          set_state(before == State::kFenced ? State::kFenced : State::kReleased,
+                    "acquire failed: " + reads.errors(options_.lus));
+          end(fail(ErrorCode::kIndeterminate,
+                   "acquire of " + options_.name +
+                       ": cannot read the LUs: " + reads.errors(options_.lus)),
+              at);
+          return;
+        }
+        acquire_draw(std::move(reads), 0, at);
+      });
     });
   });
 }

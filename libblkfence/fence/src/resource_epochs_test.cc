@@ -383,5 +383,26 @@ TEST_F(EpochsTest, NoRegisterCarriesAptplWhereOneLuLacksPtplC) {
   }
 }
 
+// The LUs did not answer REPORT CAPABILITIES at the start: the acquire asks again before it
+// registers, rather than register without APTPL and turn it off on a target that keeps it.
+TEST_F(EpochsTest, CapabilitiesUnreadAtTheStartAreReadBeforeRegistering) {
+  bool unreachable = true;
+  a->faults = [&unreachable](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = unreachable && c.command.cdb[0] == 0x5e;
+    return fault;
+  };
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  unreachable = false;
+  const std::size_t before = sent.size();
+  (void)acquired(*a);
+  const auto mine = a->sent_since(before);
+  ASSERT_TRUE(std::any_of(mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); }));
+  EXPECT_TRUE(std::all_of(mine.begin(), mine.end(),
+                          [](const Sent& s) { return !s.registers() || s.aptpl; }));
+}
+
 }  // namespace
 }  // namespace blkfence::fence::test

@@ -39,16 +39,18 @@ void Resource::promote(Time now, Done done) {
   detail_ = "promoting: reading keys and reservations";
   // S4: a PR OUT of ours that failed or timed out before is read back first.
   after_monitor_prouts(now, [this](Time monitor_done) {
-    after_registers_settle(monitor_done, [this](Time from) {
-      read_all(true, from, [this](const Reads& reads, Time at) {
-        if (!reads.ok()) {
-          end(fail(ErrorCode::kIndeterminate,
-                   "promote of " + options_.name +
-                       ": cannot read the LUs: " + reads.errors(options_.lus)),
-              at);
-          return;
-        }
-        promote_draw(reads, at);
+    after_registers_settle(monitor_done, [this](Time settled) {
+      with_capabilities(settled, [this](Time from) {
+        read_all(true, from, [this](const Reads& reads, Time at) {
+          if (!reads.ok()) {
+            end(fail(ErrorCode::kIndeterminate,
+                     "promote of " + options_.name +
+                         ": cannot read the LUs: " + reads.errors(options_.lus)),
+                at);
+            return;
+          }
+          promote_draw(reads, at);
+        });
       });
     });
   });

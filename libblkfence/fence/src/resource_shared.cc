@@ -31,7 +31,9 @@ void Resource::unfence(Time now, Done done) {
   // S4: a PR OUT of ours that failed or timed out before (an unfence, a fence, a release) is read
   // back before we register again, whatever the register then does.
   after_monitor_prouts(now, [this](Time monitor_done) {
-    after_registers_settle(monitor_done, [this](Time from) { unfence_register(from); });
+    after_registers_settle(monitor_done, [this](Time settled) {
+      with_capabilities(settled, [this](Time from) { unfence_register(from); });
+    });
   });
 }
 

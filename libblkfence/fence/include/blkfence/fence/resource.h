@@ -225,6 +225,7 @@ class Resource {
   bool outranks(std::uint64_t other, Key key) const;
   void probe_read(const Reads& reads, Time now);
   void read_capabilities(Time now, std::function<void(Time)> then);
+  void with_capabilities(Time now, std::function<void(Time)> then);
   codec::RegisterOptions register_options() const;
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
   [[nodiscard]] Result<void> load_epochs();
@@ -316,7 +317,8 @@ class Resource {
   bool keys_next_ = true;  // the next check reads keys too
   std::optional<Key> key_;
   std::uint32_t high_water_ = 0;  // no new key at or below it (S3): stored, or seen since
-  bool aptpl_ = false;            // every LU reported PTPL_C at the start: REGISTER with APTPL=1
+  // Every LU reported PTPL_C: REGISTER with APTPL=1. nullopt while a LU has not answered.
+  std::optional<bool> aptpl_;
   std::optional<StoredEpochs> stored_;  // what the node's disk holds; nullopt while it has no file
   std::uint32_t epoch_store_failed_ = 0;  // the highest seen epoch the monitor failed to store
   std::optional<std::uint64_t> fenced_by_;
