@@ -404,5 +404,47 @@ TEST_F(EpochsTest, CapabilitiesUnreadAtTheStartAreReadBeforeRegistering) {
                           [](const Sent& s) { return !s.registers() || s.aptpl; }));
 }
 
+// --- a target that forgets (SimTarget::power_cycle)
+// -----------------------------------------------
+
+// Without PTPL_C the nodes register without APTPL, and a power cycle of every LU takes the holder's
+// key away: A's gate closes at its next round, and B, which saw A's epoch while it ran, acquires
+// above it although the LUs show nothing.
+TEST_F(EpochsTest, APowerCycleWithoutAptplFencesTheHolderAndEpochsStillGrow) {
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    target.set_ptpl_capable(static_cast<LuId>(lu), false);
+  }
+  a->boot(a->options());
+  b->boot(b->options());
+  a->resource->start(now());
+  b->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known() && b->resource->state_known(); }));
+  const Key key_a = acquired(*a);
+  ASSERT_TRUE(run_until([&] { return b->seen_epoch() == key_a.epoch(); }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_FALSE(target.power_cycle(static_cast<LuId>(lu)));
+  }
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  EXPECT_GT(acquired(*b).epoch(), key_a.epoch());
+}
+
+// With PTPL_C (LIO) the same power cycle changes nothing: the target kept the registrations and the
+// reservation, and A's gate stays open.
+TEST_F(EpochsTest, APowerCycleWithAptplKeepsTheHolder) {
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  const Key key_a = acquired(*a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_TRUE(target.power_cycle(static_cast<LuId>(lu)));
+  }
+  run_for(milliseconds(2000));
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->key(), key_a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), key_a.value());
+  }
+}
+
 }  // namespace
 }  // namespace blkfence::fence::test

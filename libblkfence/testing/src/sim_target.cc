@@ -410,6 +410,38 @@ class SimTarget::Impl {
     }
   }
 
+  bool power_cycle(Lu& lu) {
+    std::vector<Task> lost;
+    for (auto& [id, task] : lu.tasks) {
+      clock_.cancel(task.event);
+      lost.push_back(std::move(task));
+    }
+    lu.tasks.clear();
+    for (Task& task : lost) {
+      const SimAnswer answer = status_only(SamStatus::kTaskAborted);
+      finish(lu, task.nexus, task.command, task.parsed, task.accepted_at, answer, false, {});
+      task.answer(answer);
+    }
+    lu.unit_attentions.clear();
+    for (const NexusId nexus : lu.known) {
+      lu.add_unit_attention(nexus, kUaPowerOnOrReset);
+    }
+    if (lu.aptpl_active) {
+      return true;
+    }
+    std::vector<NexusId> unregistered;
+    for (const SimRegistration& registration : lu.registrations) {
+      unregistered.push_back(registration.nexus);
+    }
+    lu.registrations.clear();
+    lu.holder.reset();
+    lu.generation = 0;
+    history_.prouts.push_back(PrOutRecord{next_sequence_++, clock_.now(), lu.id, 0,
+                                          kPowerCycleRecord, 0, 0, 0, SimOutcome{},
+                                          std::move(unregistered), 0, std::nullopt});
+    return false;
+  }
+
   // Records writes and PR OUTs, whatever became of them.
   void finish(const Lu& lu, NexusId nexus, const Command& command, const Parsed& parsed,
               SimTime accepted_at, const SimAnswer& answer, bool landed,
@@ -501,6 +533,10 @@ void SimTarget::nexus_loss(NexusId nexus) {
   for (const auto& lu : impl_->lus_) {
     lu->add_unit_attention(nexus, kUaItNexusLoss);
   }
+}
+
+bool SimTarget::power_cycle(LuId lu) {
+  return impl_->power_cycle(impl_->lu(lu));
 }
 
 std::vector<SimRegistration> SimTarget::registrations(LuId lu) const {
