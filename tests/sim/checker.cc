@@ -59,6 +59,9 @@ std::uint16_t node_of(const Run& run, transport::NexusId nexus) {
 }
 
 std::string prout_name(std::uint8_t action) {
+  if (action == transport::kPowerCycleRecord) {
+    return "POWER CYCLE (PR state forgotten)";
+  }
   if (action <= static_cast<std::uint8_t>(PrOutAction::kRegisterAndMove)) {
     return std::string(codec::to_string(static_cast<PrOutAction>(action)));
   }
@@ -424,6 +427,22 @@ bool held_by_node(std::optional<std::uint64_t> holder, std::uint16_t node) {
   return holder && node_of_key(*holder) == node;
 }
 
+// A target without APTPL lost power after the fence and forgot its PR state: the LU has had no
+// reservation since, so every nexus may write until a node reserves it again, the fenced node's
+// included until it notices. That is the hazard docs/protocol.md ("Power loss and APTPL") states
+// for such targets, which no initiator can close; S3 is still judged across it.
+bool forgotten_since(const Run& run, const Replay& replayed, const PrOutRecord& fence,
+                     const WriteRecord& write) {
+  if (replayed.holder_at(write.lu, write.sequence)) {
+    return false;
+  }
+  return std::any_of(
+      run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
+        return record.lu == write.lu && record.service_action == transport::kPowerCycleRecord &&
+               record.sequence > fence.sequence && record.sequence < write.sequence;
+      });
+}
+
 void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
   // (LU, victim node) -> the fencing removals, in target order.
   std::map<std::uint64_t, Time> opened;  // keys that opened a gate, and when they first did
@@ -434,6 +453,12 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
   }
   std::map<std::pair<transport::LuId, std::uint16_t>, std::vector<const Replay::Removal*>> fences;
   for (const Replay::Removal& removal : replayed.removals) {
+    // A power cycle that forgot the PR state fenced nobody: the LU is unreserved until a node
+    // acquires, the holder that has not noticed yet is still the newest token, and once another
+    // node reserves, the target refuses the unregistered nexus's writes itself.
+    if (removal.record->service_action == transport::kPowerCycleRecord) {
+      continue;
+    }
     const std::uint16_t by = node_of(run, removal.record->nexus);
     const std::uint16_t victim = node_of(run, removal.nexus);
     const auto gate = opened.find(removal.key);
@@ -472,7 +497,8 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
               holder_when_accepted(run, replayed, write) != removal->key) ||
              (run.primary &&
               held_by_node(replayed.holder_at(write.lu, write.sequence), issue->second.node)))) &&
-          !late_registration_excuses(run, *removal->record, removal->key, write, issue->second)) {
+          !late_registration_excuses(run, *removal->record, removal->key, write, issue->second) &&
+          !forgotten_since(run, replayed, *removal->record, write)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);
         violations.push_back(
             {"S1",
@@ -1405,6 +1431,7 @@ std::string describe(const Entry& entry) {
     case EntryKind::kQuiet: text = format_time(entry.at) + " quiet phase"; break;
     case EntryKind::kBusy: text += entry.open ? "operation running" : "no operation running"; break;
     case EntryKind::kPaths: text += "driver: update_paths()"; break;
+    case EntryKind::kPowerCycle: text = format_time(entry.at) + " target power cycle"; break;
   }
   if (entry.key) {
     text += " key " + format_key(*entry.key);

@@ -32,6 +32,8 @@
 //                             TheNodeKnowsIsExcused
 //     the excuse unbounded    CheckerS1.AWriteThroughALateRegistrationIssuedAfterTheNodeCouldKnow-
 //     (until the run's end)   Violates
+//     no power-cycle excuse   CheckerS1.AFencedWriteInTheWindowOfAForgetfulPowerCycleIsNoViolation
+//     a power cycle fences    CheckerS1.TheHoldersWriteAfterAForgetfulPowerCycleIsNoViolation
 //   check_s2 (at the gate's   CheckerS2.AGateOpeningBesideAnotherKeyViolates,
 //     opening, at the end)    CheckerS2.TwoGatesOpenAtTheEndViolate,
 //                             CheckerS2.AnOpenGateWhoseKeyIsNotSoleHolderAtTheEndViolates,
@@ -410,6 +412,24 @@ class History {
     }
     record.generation = state.generation;
     record.reservation = state.reservation;
+    target_->prouts.push_back(record);
+    note(at);
+  }
+  // The LU lost power without APTPL: the target forgot every registration and the reservation
+  // (SimTarget::power_cycle).
+  void power_cycle(Time at, LuId lu) {
+    transport::PrOutRecord record;
+    record.sequence = ++target_seq_;
+    record.at = at;
+    record.lu = lu;
+    record.service_action = transport::kPowerCycleRecord;
+    Lu& state = lus_.at(lu);
+    for (const auto& [nexus, key] : state.keys) {
+      record.unregistered.push_back(nexus);
+    }
+    state.keys.clear();
+    state.reservation.reset();
+    state.generation = 0;
     target_->prouts.push_back(record);
     note(at);
   }
@@ -917,6 +937,49 @@ TEST(CheckerS1, FencedEpochLandingAfterThePreemptViolates) {
 
 TEST(CheckerS1, AWriteThatLandedBeforeThePreemptIsNoViolation) {
   History h = write_lands_around_a_preempt(false);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+// A target without APTPL forgets its PR state at 150 ms, after node 2's preempt: the LU is
+// unreserved, and node 1's write, which has not noticed its fence, lands at 160 ms. That is the
+// window docs/protocol.md states for such targets ("Power loss and APTPL"), not a fault of the
+// protocol; once a node reserves the LU again (`reserved_again`), a landing is S1 again.
+History write_lands_after_a_forgetful_power_cycle(bool reserved_again) {
+  History h = two_nodes(1);
+  acquire(h, 1, 10ms, key_of(1, 1));
+  h.issue_write(10, 1, 0, 50ms);
+  acquire(h, 2, 100ms, key_of(2, 2));
+  h.power_cycle(150ms, 0);
+  if (reserved_again) {
+    h.prout(2, 155ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(2, 2));
+    h.prout(2, 156ms, 0, 0, PrOutAction::kReserve, key_of(2, 2), 0);
+  }
+  h.land_write(10, 160ms);
+  fenced(h, 1, 200ms);
+  if (!reserved_again) {
+    fenced(h, 2, 210ms);  // its next round finds its key gone too
+  }
+  return h;
+}
+
+TEST(CheckerS1, AFencedWriteInTheWindowOfAForgetfulPowerCycleIsNoViolation) {
+  History h = write_lands_after_a_forgetful_power_cycle(false);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+TEST(CheckerS1, AFencedWriteLandingOnceTheLuIsReservedAgainViolates) {
+  History h = write_lands_after_a_forgetful_power_cycle(true);
+  EXPECT_TRUE(fires(h, {"S1"}, "stamped epoch 1 landed on LU 0"));
+}
+
+// The power cycle itself fences nobody: the holder's own write after it is its token's.
+TEST(CheckerS1, TheHoldersWriteAfterAForgetfulPowerCycleIsNoViolation) {
+  History h = two_nodes(1);
+  acquire(h, 1, 10ms, key_of(1, 1));
+  h.power_cycle(40ms, 0);
+  h.issue_write(10, 1, 0, 50ms);
+  h.land_write(10, 60ms);
+  fenced(h, 1, 200ms);
   EXPECT_TRUE(fires(h, {}));
 }
 

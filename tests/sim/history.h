@@ -96,6 +96,7 @@ enum class EntryKind : std::uint8_t {
   kPaths,    // the driver told the resource of its LU's current paths (detail)
   kFenceCalled,   // shared mode: the driver called fence_node() (detail names the victim)
   kCancelCalled,  // the driver called cancel() while the acquire or promote it asked for ran
+  kPowerCycle,    // the target: a LU lost power and came back (detail: whether its PR state stayed)
 };
 
 struct Entry {

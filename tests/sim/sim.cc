@@ -292,6 +292,11 @@ int run_main(int argc, char** argv) {
               total.commands, total.acquisitions, total.fences, total.lost_contacts,
               total.writes_landed, total.writes_refused, total.stray_registrations,
               total.violating_seeds);
+  if (total.power_cycles > 0) {
+    std::printf("blkfence_sim: LU power cycles %" PRIu64 ", PR state kept by APTPL in %" PRIu64
+                "\n",
+                total.power_cycles, total.power_cycles_kept);
+  }
   if (waived_seeds > 0) {
     std::printf("blkfence_sim: %" PRIu64 " primary-mode seeds broke a waived property\n",
                 waived_seeds);

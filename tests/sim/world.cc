@@ -70,6 +70,7 @@ World::World(const Cli& cli, std::uint64_t seed)
       plan_rng_(mix(seed, 0, 0, 0x50)),
       runtime_rng_(mix(seed, 0, 0, 0x52)),
       hotplug_rng_(mix(seed, 0, 0, 0x48)),
+      power_rng_(mix(seed, 0, 0, 0x5043)),
       shared_rng_(mix(seed, 0, 0, 0x53)),
       primary_rng_(mix(seed, 0, 0, 0x70)),
       cancel_rng_(mix(seed, 0, 0, 0x43)),
@@ -216,6 +217,23 @@ void World::plan() {
     action.add = paths.chance(1, 2);
     actions_.push_back(action);
   }
+  // A LU's power cycle, in one seed of five, once, from its own stream so that the rest of the
+  // scenario is the same with or without it. The target keeps the PR state where APTPL is active
+  // (docs/protocol.md, "Power loss and APTPL"), and otherwise forgets it; in half those seeds no LU
+  // reports PTPL_C, so the nodes never set APTPL and the power cycle forgets. S3 must hold across
+  // both.
+  if (power_rng_.chance(1, 5)) {
+    Action action;
+    action.at = power_rng_.time_between(seconds(1), config_.horizon);
+    action.kind = Action::Kind::kPowerCycle;
+    action.lus.push_back(static_cast<LuId>(power_rng_.below(config_.lus)));
+    actions_.push_back(action);
+    if (power_rng_.chance(1, 2)) {
+      for (std::size_t lu = 0; lu < config_.lus; ++lu) {
+        target_.set_ptpl_capable(static_cast<LuId>(lu), false);
+      }
+    }
+  }
   // Shared mode (drawn in the constructor): every planned acquire is an unfence, and every 1-6 s a
   // node fences another (refused unless it is unfenced), drawn from the shared stream.
   Rng& shared = shared_rng_;
@@ -292,6 +310,15 @@ void World::act(const Action& action) {
       node.set_links(action.lus, action.link, now() + action.duration);
       break;
     case Action::Kind::kPaths: node.hotplug(action.lus.front(), action.add, hotplug_rng_); break;
+    case Action::Kind::kPowerCycle: {
+      const bool kept = target_.power_cycle(action.lus.front());
+      ++power_cycles_;
+      power_cycles_kept_ += kept ? 1 : 0;
+      trace(0, EntryKind::kPowerCycle).detail = "LU " + std::to_string(action.lus.front()) +
+                                                " power cycle: PR state " +
+                                                (kept ? "kept (APTPL)" : "forgotten");
+      break;
+    }
     case Action::Kind::kRestart:
       if (node.alive()) {
         node.crash();
@@ -548,6 +575,8 @@ Stats World::stats() const {
       s.lost_contacts += entry.event == fence::EventKind::kLostContact ? 1 : 0;
     }
   }
+  s.power_cycles = power_cycles_;
+  s.power_cycles_kept = power_cycles_kept_;
   s.stray_registrations = static_cast<std::uint64_t>(
       std::count_if(record_.notes.begin(), record_.notes.end(), [](const std::string& note) {
         return note.find("stray registration") != std::string::npos;

@@ -170,6 +170,8 @@ struct Stats {
   std::uint64_t writes_refused = 0;
   std::uint64_t stray_registrations = 0;
   std::uint64_t violating_seeds = 0;
+  std::uint64_t power_cycles = 0;
+  std::uint64_t power_cycles_kept = 0;  // the PR state survived them (APTPL)
 
   void add(const Stats& other) {
     seeds += other.seeds;
@@ -182,6 +184,8 @@ struct Stats {
     writes_refused += other.writes_refused;
     stray_registrations += other.stray_registrations;
     violating_seeds += other.violating_seeds;
+    power_cycles += other.power_cycles;
+    power_cycles_kept += other.power_cycles_kept;
   }
 };
 
@@ -240,8 +244,9 @@ class World {
       kOutage,
       kRestart,
       kPaths,
-      kPromote,  // primary mode: promote()
-      kCancel,   // cancel() of the node's running acquire or promote, if one runs
+      kPromote,     // primary mode: promote()
+      kCancel,      // cancel() of the node's running acquire or promote, if one runs
+      kPowerCycle,  // the target: lus.front() loses power and comes back (SimTarget::power_cycle)
     };
     Time at{0};
     Kind kind = Kind::kAcquire;
@@ -266,6 +271,7 @@ class World {
   Rng plan_rng_;
   Rng runtime_rng_;
   Rng hotplug_rng_;
+  Rng power_rng_;
   Rng shared_rng_;
   Rng primary_rng_;
   Rng cancel_rng_;
@@ -284,6 +290,8 @@ class World {
   bool final_started_ = false;
   std::uint64_t seq_ = 1;
   std::uint64_t next_write_id_ = 1;
+  std::uint64_t power_cycles_ = 0;
+  std::uint64_t power_cycles_kept_ = 0;
 };
 
 class Node final : public fence::Observer {

@@ -12,6 +12,7 @@
 #include "blkfence/codec/prin.h"
 #include "blkfence/pr/client.h"
 
+#include "mutants.h"
 #include "resource_reads.h"
 
 namespace blkfence::fence {
@@ -288,42 +289,219 @@ bool Resource::refuse(Mode mode, Time now, Done& done) {
   return false;
 }
 
+// --- epochs (S3) ---------------------------------------------------------------------------------
+
+Result<void> Resource::load_epochs() {
+  auto loaded = epochs_.load(options_.name);
+  if (!loaded) {
+    return tl::unexpected(loaded.error());
+  }
+  stored_ = *loaded;
+  high_water_ = std::max(high_water_, stored_ ? stored_->high_water() : 0U);
+  return {};
+}
+
+Result<void> Resource::store_epochs(StoredEpochs epochs) {
+  if (auto stored = epochs_.store(options_.name, epochs); !stored) {
+    return stored;
+  }
+  stored_ = epochs;
+  high_water_ = std::max(high_water_, epochs.high_water());
+  return {};
+}
+
+// A key drawn with epoch: durable before it exists anywhere, so no restart can reuse it. It is
+// above everything seen (the draw's floor), so it is the seen mark too.
+Result<void> Resource::store_drawn(std::uint32_t epoch) {
+  BLKFENCE_ASSERT(epoch > high_water_ || mutant::kNoEpochBump || mutant::kPromoteNoEpochBump);
+  return store_epochs(StoredEpochs{.used = epoch, .seen = std::max(epoch, high_water_)});
+}
+
+// S3: the highest epoch of this cluster a read shows is stored as soon as it rises above the stored
+// one, so that a target that forgets its PR state (a power cycle without APTPL, a CLEAR) cannot
+// bring a later draw of this node below an epoch any node of the cluster used. A read that shows
+// nothing new writes nothing: the monitor's reads stay free of fsyncs. used_floor raises the epoch
+// a restart may adopt (a lost file: see probe_read). The reads may lack keys (a monitor round).
+Result<void> Resource::remember_epochs(const Reads& reads, std::uint32_t used_floor) {
+  const std::uint32_t seen = std::max(used_floor, seen_epoch(reads));
+  high_water_ = std::max(high_water_, seen);  // in memory at once, whether or not the disk follows
+  const StoredEpochs now_stored = stored_.value_or(StoredEpochs{});
+  const StoredEpochs wanted{.used = std::max(now_stored.used, used_floor),
+                            .seen = std::max({now_stored.seen, seen, used_floor})};
+  if (stored_ ? wanted == *stored_ : wanted.seen == 0) {
+    return {};  // nothing new (or a first start on LUs without a key of this cluster)
+  }
+  return store_epochs(wanted);
+}
+
+// The highest epoch of this cluster the reads show, holders included; keys where they were read.
+std::uint32_t Resource::seen_epoch(const Reads& reads) const {
+  std::uint32_t seen = 0;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    std::vector<std::uint64_t> keys =
+        reads.lus[i].keys ? reads.lus[i].keys->keys : std::vector<std::uint64_t>{};
+    if (const auto holder = reads.holder(i)) {
+      keys.push_back(*holder);
+    }
+    for (const std::uint64_t k : keys) {
+      if (Key::cluster_of(k) == options_.cluster_id) {
+        seen = std::max(seen, Key::epoch_of(k));
+      }
+    }
+  }
+  return seen;
+}
+
+// A monitor round's reads: a rise is stored (rare: a new key of the cluster); a failure to store is
+// reported once per epoch, not retried at every check, and the next draw stores above it anyway.
+void Resource::note_epochs(const Reads& reads) {
+  const std::uint32_t seen = seen_epoch(reads);
+  if (seen <= std::max(stored_ ? stored_->seen : 0U, epoch_store_failed_)) {
+    return;
+  }
+  if (auto remembered = remember_epochs(reads); !remembered) {
+    epoch_store_failed_ = seen;
+    emit(EventKind::kOperationFailed,
+         "storing epoch " + std::to_string(seen) +
+             " seen on the LUs failed: " + remembered.error().message());
+  }
+}
+
 // --- start ---------------------------------------------------------------------------------------
 
 void Resource::start(Time now) {
-  auto stored = epochs_.load(options_.name);
-  if (!stored) {
-    set_state(State::kUnknown, "cannot read the stored epoch: " + stored.error().message());
-    probe_done_ = true;
-    next_check_ = now + options_.check_interval;
-    emit(EventKind::kStateKnown, detail_);
-    return;  // acquire refuses without a high-water mark (S3); status still reads the LUs
-  }
-  high_water_ = *stored;
   begin(Op::kProbe, nullptr);
-  read_all(true, now, [this](const Reads& reads, Time at) { probe_read(reads, at); });
+  read_capabilities(now, [this](Time from) {
+    read_all(true, from, [this](const Reads& reads, Time at) { probe_read(reads, at); });
+  });
 }
+
+// docs/protocol.md, "APTPL": where every LU reports PTPL_C, our REGISTERs carry APTPL=1 and the
+// target keeps the registrations and the reservation across a power loss (SPC-4 5.13.5); where one
+// does not, or did not answer, none does (APTPL=1 to a LU without PTPL_C is an ILLEGAL REQUEST).
+// Read at the start (capabilities do not change under a running target), and again before an
+// operation registers if a LU did not answer then.
+void Resource::read_capabilities(Time now, std::function<void(Time)> then) {
+  std::vector<pr::Request> requests;
+  for (const auto& lu : options_.lus) {
+    requests.push_back(pr::report_capabilities_request(lu));
+  }
+  run(std::move(requests), now,
+      [this, then = std::move(then)](const std::vector<pr::Response>& responses, Time at) {
+        bool answered = true;
+        bool ptpl_c = true;
+        for (const pr::Response& response : responses) {
+          std::optional<codec::Capabilities> caps;
+          if (response.data) {
+            if (auto decoded = codec::decode_report_capabilities(*response.data)) {
+              caps = *decoded;
+            }
+          }
+          if (caps && !caps->truncated) {
+            ptpl_c = ptpl_c && caps->ptpl_c;
+          } else {
+            answered = false;
+          }
+        }
+        // A LU that says no PTPL_C settles it; one that did not answer leaves it open.
+        aptpl_ = answered || !ptpl_c ? std::optional(answered && ptpl_c) : std::nullopt;
+        then(at);
+      });
+}
+
+void Resource::with_capabilities(Time now, std::function<void(Time)> then) {
+  if (aptpl_) {
+    then(now);
+    return;
+  }
+  read_capabilities(now, std::move(then));
+}
+
+// Every REGISTER of ours, unregisters included: LIO rewrites its APTPL state at each, and one with
+// APTPL=0 would make the LU forget every registration at its next power loss.
+codec::RegisterOptions Resource::register_options() const {
+  return codec::RegisterOptions{.all_tg_pt = false, .aptpl = aptpl_.value_or(false)};
+}
+
+namespace {
+
+// The newest of keys and newest.
+std::optional<std::uint64_t> newest_of(const std::vector<std::uint64_t>& keys,
+                                       std::optional<std::uint64_t> newest) {
+  for (const std::uint64_t k : keys) {
+    if (!newest || Key::epoch_of(k) > Key::epoch_of(*newest)) {
+      newest = k;
+    }
+  }
+  return newest;
+}
+
+}  // namespace
 
 void Resource::probe_read(const Reads& reads, Time now) {
   probe_done_ = true;
+  // Loaded at each probe (the monitor probes again while the state is unknown): a file an operator
+  // restored is heard at the next check, without a restart.
+  if (auto loaded = load_epochs(); !loaded) {
+    const std::string detail = "cannot read the stored epoch: " + loaded.error().message();
+    if (state_ != State::kUnknown || detail_ != detail) {  // said once, not at every check
+      set_state(State::kUnknown, detail);
+      emit(EventKind::kStateKnown, detail_);
+    }
+    end(tl::unexpected(loaded.error()), now);
+    return;  // acquire refuses without its epochs (S3); status still reads the LUs
+  }
   if (!reads.ok()) {
-    set_state(State::kUnknown, "cannot read the LUs: " + reads.errors(options_.lus));
+    std::string detail = "cannot read the LUs: " + reads.errors(options_.lus);
+    if (!stored_) {
+      // docs/protocol.md, S3: a first start, or a lost file if a key of ours is on the LUs; which
+      // one is decided when they answer. An acquire reads every LU's keys before it draws, so it
+      // fails rather than draw from 0 while they cannot be read.
+      detail += "; and " + epochs_.where(options_.name) +
+                " does not exist (a first start, or a lost file if a key of this node is on the "
+                "LUs: decided when they can be read)";
+    }
+    set_state(State::kUnknown, detail);
     emit(EventKind::kStateKnown, detail_);
     end(fail(ErrorCode::kIndeterminate, detail_), now);
     return;
   }
   last_read_ok_ = reads.started;
-  // The epoch of the last key this node registered and did not give up (acquire stores it before
+  // The epoch of the last key this node drew and did not give up (acquire stores it before
   // registering; release and a failed acquire store one more).
-  const std::uint32_t stored = high_water_;
-  // S3: no key this node has used on these LUs may be reused.
-  for (const auto& lu : reads.lus) {
-    for (const std::uint64_t k : lu.keys->keys) {
-      if (ours(k)) {
-        high_water_ = std::max(high_water_, Key::epoch_of(k));
+  const std::uint32_t stored = stored_ ? stored_->used : 0;
+  std::string note;
+  std::uint32_t used_floor = 0;
+  if (!stored_) {
+    std::optional<std::uint64_t> mine;
+    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+      std::vector<std::uint64_t> keys = reads.lus[i].keys->keys;
+      if (const auto holder = reads.holder(i)) {
+        keys.push_back(*holder);
       }
+      std::erase_if(keys, [this](std::uint64_t k) { return !ours(k); });
+      mine = newest_of(keys, mine);
+    }
+    if (mine) {
+      // Not a first start: the file was lost. The key found is treated as given up (as after a
+      // release): this start does not adopt it as the exclusive or primary token, nor will the
+      // next.
+      const std::uint32_t epoch = Key::epoch_of(*mine);
+      used_floor = epoch == UINT32_MAX ? epoch : epoch + 1;
+      note = epochs_.where(options_.name) + " was missing while key " + Key::format(*mine) +
+             " of this node is on the LUs";
     }
   }
+  if (auto remembered = remember_epochs(reads, used_floor); !remembered) {
+    note += std::string(note.empty() ? "" : "; ") +
+            "storing the epochs seen failed: " + remembered.error().message();
+  } else if (!note.empty()) {
+    note += ": stored " + std::to_string(stored_->used) + " as the epoch last used and " +
+            std::to_string(stored_->seen) + " as the highest seen";
+  }
+  const auto with_note = [&note](std::string detail) {
+    return note.empty() ? detail : detail + " (" + note + ")";
+  };
   if (const std::optional<Key> key = adoptable(reads, stored)) {
     key_ = *key;
     // Primary mode: our key holding every LU with the stored epoch is the primary's token.
@@ -334,10 +512,10 @@ void Resource::probe_read(const Reads& reads, Time now) {
     primary_ = holds;
     const bool exclusive = options_.mode == Mode::kExclusive;
     set_state(exclusive || holds ? State::kHeld : State::kUnfenced,
-              "our key " + key_->to_string() +
-                  (exclusive ? " is the holder and only registrant on every LU: adopted"
-                   : holds   ? " is the primary's: it holds every LU"
-                             : " is registered on every LU"));
+              with_note("our key " + key_->to_string() +
+                        (exclusive ? " is the holder and only registrant on every LU: adopted"
+                         : holds   ? " is the primary's: it holds every LU"
+                                   : " is registered on every LU")));
     last_success_ = reads.started;
     set_gate(true, reads.started);
     emit(EventKind::kStateKnown, detail_);
@@ -345,7 +523,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
     end(*key_, now);
     return;
   }
-  set_state(State::kReleased, not_held(reads, stored));
+  set_state(State::kReleased, with_note(not_held(reads, stored)));
   emit(EventKind::kStateKnown, detail_);
   end(fail(ErrorCode::kLost, detail_), now);
 }

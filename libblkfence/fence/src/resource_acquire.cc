@@ -34,25 +34,27 @@ void Resource::acquire(Time now, Done done) {
   const State before = state_;
   set_gate(false, now);
   set_state(State::kAcquiring, "reading keys and reservations");
-  auto stored = epochs_.load(options_.name);
-  if (!stored) {
+  // A missing file reads as nothing stored: the draw is above every key the read below shows,
+  // which for a node whose file was lost includes its own (docs/protocol.md, S3).
+  if (auto loaded = load_epochs(); !loaded) {
     set_state(before, detail_);
-    end(tl::unexpected(stored.error()), now);
+    end(tl::unexpected(loaded.error()), now);
     return;
   }
-  high_water_ = std::max(high_water_, *stored);
-  after_monitor_prouts(now, [this, before](Time from) {
-    read_all(true, from, [this, before](Reads reads, Time at) {
-      if (!reads.ok()) {
-        set_state(before == State::kFenced ? State::kFenced : State::kReleased,
-                  "acquire failed: " + reads.errors(options_.lus));
-        end(fail(ErrorCode::kIndeterminate,
-                 "acquire of " + options_.name +
-                     ": cannot read the LUs: " + reads.errors(options_.lus)),
-            at);
-        return;
-      }
-      acquire_draw(std::move(reads), 0, at);
+  after_monitor_prouts(now, [this, before](Time monitor_done) {
+    with_capabilities(monitor_done, [this, before](Time from) {
+      read_all(true, from, [this, before](Reads reads, Time at) {
+        if (!reads.ok()) {
+          set_state(before == State::kFenced ? State::kFenced : State::kReleased,
+                    "acquire failed: " + reads.errors(options_.lus));
+          end(fail(ErrorCode::kIndeterminate,
+                   "acquire of " + options_.name +
+                       ": cannot read the LUs: " + reads.errors(options_.lus)),
+              at);
+          return;
+        }
+        acquire_draw(std::move(reads), 0, at);
+      });
     });
   });
 }
@@ -70,12 +72,11 @@ void Resource::acquire_draw(Reads reads, int round, Time at) {
   }
   const Key key = key_for(mutant::kNoEpochBump && epoch > 0 ? epoch : epoch + 1);
   // S3: durable before the key exists anywhere, so no restart can reuse it.
-  if (auto stored_epoch = epochs_.store(options_.name, key.epoch()); !stored_epoch) {
+  if (auto stored_epoch = store_drawn(key.epoch()); !stored_epoch) {
     set_state(State::kReleased, "cannot store the epoch");
     end(tl::unexpected(stored_epoch.error()), at);
     return;
   }
-  high_water_ = key.epoch();
   key_ = key;
   fenced_by_.reset();
   set_state(State::kAcquiring, "registering " + key.to_string());
@@ -89,8 +90,9 @@ void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
   }
   std::vector<pr::Request> requests;
   for (const auto& lu : options_.lus) {
-    for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
-                                              "REGISTER AND IGNORE EXISTING KEY")) {
+    for (auto& request :
+         pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value(), register_options()),
+                              "REGISTER AND IGNORE EXISTING KEY")) {
       requests.push_back(std::move(request));
     }
   }
@@ -325,7 +327,8 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
         continue;
       }
       for (auto& request : pr::prout_every_path(
-               options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+               options_.lus[i], codec::prout_register(key.value(), 0, register_options()),
+               "REGISTER (unregister)")) {
         cleanup.push_back(std::move(request));
       }
     }
@@ -430,14 +433,14 @@ void Resource::release_keeping(Key key, bool held, Time now) {
 }
 
 Result<void> Resource::give_up(Key key) {
-  if (key.epoch() == UINT32_MAX || high_water_ > key.epoch()) {
+  // Only the epoch last used decides adoption: a higher epoch seen (a member's key in primary mode)
+  // does not give this key up.
+  if (key.epoch() == UINT32_MAX || (stored_ && stored_->used > key.epoch())) {
     return {};  // nothing above it can be adopted; the exhausted space refuses acquires anyway
   }
-  if (auto stored = epochs_.store(options_.name, key.epoch() + 1); !stored) {
-    return stored;
-  }
-  high_water_ = key.epoch() + 1;
-  return {};
+  const std::uint32_t seen = stored_ ? stored_->seen : 0;
+  return store_epochs(
+      StoredEpochs{.used = key.epoch() + 1, .seen = std::max(seen, key.epoch() + 1)});
 }
 
 void Resource::release_shared(Key key, Time now) {
@@ -476,8 +479,9 @@ void Resource::release_shared(Key key, Time now) {
           run(std::move(releases), read, [this, key](const std::vector<pr::Response>&, Time at) {
             std::vector<pr::Request> unregisters;
             for (const auto& lu : options_.lus) {
-              for (auto& request : pr::prout_every_path(lu, codec::prout_register(key.value(), 0),
-                                                        "REGISTER (unregister)")) {
+              for (auto& request : pr::prout_every_path(
+                       lu, codec::prout_register(key.value(), 0, register_options()),
+                       "REGISTER (unregister)")) {
                 unregisters.push_back(std::move(request));
               }
             }

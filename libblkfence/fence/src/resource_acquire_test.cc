@@ -22,7 +22,7 @@ namespace {
 // epoch is one above the highest this cluster shows on any LU (9, above the persisted 7), it is
 // persisted, and the gate opens with a verified_since no later than the moment it opened.
 TEST_F(ResourceTest, AcquireRegistersEveryPathAndHoldsAloneWithAFreshPersistedEpoch) {
-  ASSERT_TRUE(a->store.store("pgdata", 7).has_value());
+  ASSERT_TRUE(a->store.store("pgdata", {.used = 7, .seen = 7}).has_value());
   register_directly(nexus_of(kNodeB, 1, 0), 1, key_of(kNodeB, 9).value());
   a->boot(a->options());
   a->resource->start(now());
@@ -33,7 +33,7 @@ TEST_F(ResourceTest, AcquireRegistersEveryPathAndHoldsAloneWithAFreshPersistedEp
   const std::size_t before = sent.size();
   const Key key = acquired(*a);
   EXPECT_EQ(key, key_of(kNodeA, 10));
-  EXPECT_EQ(a->store.load("pgdata").value_or(0), 10U);
+  EXPECT_EQ(a->stored_epoch(), 10U);
   EXPECT_EQ(a->resource->epoch_high_water(), 10U);
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key.value(), key.value()})) << "LU " << lu;
@@ -62,14 +62,14 @@ TEST_F(ResourceTest, AcquireRegistersEveryPathAndHoldsAloneWithAFreshPersistedEp
 // S3: the persisted high-water mark wins when it is above every key on the LUs (a CLEAR or a LUN
 // reset may have forgotten them), and a second acquire while holding returns the same key.
 TEST_F(ResourceTest, EpochIsAboveThePersistedHighWaterWhenTheLusForgot) {
-  ASSERT_TRUE(a->store.store("pgdata", 12).has_value());
+  ASSERT_TRUE(a->store.store("pgdata", {.used = 12, .seen = 12}).has_value());
   register_directly(nexus_of(kNodeB, 0, 0), 0, key_of(kNodeB, 9).value());
   a->boot(a->options());
   const Key key = acquired(*a);
   EXPECT_EQ(key.epoch(), 13U);
-  EXPECT_EQ(a->store.load("pgdata").value_or(0), 13U);
+  EXPECT_EQ(a->stored_epoch(), 13U);
   EXPECT_EQ(acquired(*a), key) << "acquire while holding is a no-op";
-  EXPECT_EQ(a->store.load("pgdata").value_or(0), 13U);
+  EXPECT_EQ(a->stored_epoch(), 13U);
 }
 
 class PreemptTest : public ResourceTest, public ::testing::WithParamInterface<bool> {};
@@ -152,7 +152,7 @@ TEST_F(ResourceTest, ReacquireWhileHoldingAnOlderKeyOfItsOwnSucceeds) {
 // REGISTER moves the holding nexus to the new key as usual.
 TEST_F(ResourceTest, AnOlderKeyOfItsOwnHoldingThroughAVanishedPathIsPreempted) {
   const std::uint64_t old_key = key_of(kNodeA, 5).value();
-  ASSERT_TRUE(a->store.store("pgdata", 5).has_value());
+  ASSERT_TRUE(a->store.store("pgdata", {.used = 5, .seen = 5}).has_value());
   for (std::size_t lu = 0; lu < kLus; ++lu) {
     for (std::size_t path = 0; path < 2; ++path) {
       register_directly(nexus_of(kNodeA, lu, path), lu, old_key);
@@ -361,7 +361,7 @@ TEST_F(ResourceTest, AFailedAcquireUnregistersWhereItCannotReadItsKeysBack) {
     EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{key_b.value()})) << "LU " << lu;
     EXPECT_EQ(holder_of(lu), key_b.value());
   }
-  EXPECT_GT(a->store.load("pgdata").value_or(0), key_b.epoch() + 1)
+  EXPECT_GT(a->stored_epoch(), key_b.epoch() + 1)
       << "one past A's given-up epoch, itself above B's";
   a->faults = nullptr;
 }

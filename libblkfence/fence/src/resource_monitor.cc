@@ -104,6 +104,7 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
     probe_read(reads, now);
     return;
   }
+  note_epochs(reads);  // S3: a key of the cluster above the stored epochs is stored
   const bool has_keys = std::all_of(reads.lus.begin(), reads.lus.end(),
                                     [](const Reads::Lu& lu) { return lu.keys.has_value(); });
   if (leftover_ && has_keys && started >= leftover_->after) {
@@ -255,7 +256,8 @@ void Resource::take_back_leftover(const Reads& reads, Time now) {
     const auto holder = reads.holder(i);
     if (holder && *holder != key.value() && reads.registered(i, key.value())) {
       for (auto& request : pr::prout_every_path(
-               options_.lus[i], codec::prout_register(key.value(), 0), "REGISTER (unregister)")) {
+               options_.lus[i], codec::prout_register(key.value(), 0, register_options()),
+               "REGISTER (unregister)")) {
         requests.push_back(std::move(request));
       }
     }

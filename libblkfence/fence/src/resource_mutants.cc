@@ -11,8 +11,9 @@ namespace blkfence::fence {
 void Resource::mutant_reregister(Time now) {
   std::vector<pr::Request> requests;
   for (const auto& unit : options_.lus) {
-    for (auto& request :
-         pr::prout_every_path(unit, codec::prout_register_and_ignore(key_->value()), "REGISTER")) {
+    for (auto& request : pr::prout_every_path(
+             unit, codec::prout_register_and_ignore(key_->value(), register_options()),
+             "REGISTER")) {
       requests.push_back(std::move(request));
     }
   }
@@ -48,8 +49,9 @@ void Resource::mutant_release(Key key, Time now) {
 void Resource::mutant_unregister_unread(Key key, std::string why, Time now) {
   std::vector<pr::Request> requests;
   for (const auto& unit : options_.lus) {
-    for (auto& request : pr::prout_every_path(unit, codec::prout_register(key.value(), 0),
-                                              "REGISTER (unregister)")) {
+    for (auto& request :
+         pr::prout_every_path(unit, codec::prout_register(key.value(), 0, register_options()),
+                              "REGISTER (unregister)")) {
       requests.push_back(std::move(request));
     }
   }

@@ -114,9 +114,9 @@ void Resource::register_new_paths(Time now) {
                for (const auto& [lu, path] : paths) {
                  const pr::LogicalUnit one{
                      .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
-                 for (auto& request :
-                      pr::prout_every_path(one, codec::prout_register_and_ignore(key.value()),
-                                           "REGISTER AND IGNORE EXISTING KEY (new path)")) {
+                 for (auto& request : pr::prout_every_path(
+                          one, codec::prout_register_and_ignore(key.value(), register_options()),
+                          "REGISTER AND IGNORE EXISTING KEY (new path)")) {
                    // Right only while the key is current, as this read showed: not resent after
                    // a sign that someone preempted meanwhile (a resend would register a key that
                    // was just preempted, S5); the read afterwards decides.
@@ -189,8 +189,9 @@ void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, 
         for (const auto& [lu, path] : paths) {
           const pr::LogicalUnit one{
               .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
-          for (auto& request : pr::prout_every_path(one, codec::prout_register(key.value(), 0),
-                                                    "REGISTER (unregister new path)")) {
+          for (auto& request :
+               pr::prout_every_path(one, codec::prout_register(key.value(), 0, register_options()),
+                                    "REGISTER (unregister new path)")) {
             requests.push_back(std::move(request));
           }
         }

@@ -29,28 +29,28 @@ void Resource::promote(Time now, Done done) {
     done(*key_, now);  // the monitor keeps verifying it
     return;
   }
-  auto stored = epochs_.load(options_.name);
-  if (!stored) {
-    done(tl::unexpected(stored.error()), now);
+  if (auto loaded = load_epochs(); !loaded) {
+    done(tl::unexpected(loaded.error()), now);
     return;
   }
   begin(Op::kPromote, std::move(done));
   promoting_member_ = gate_open_;
-  high_water_ = std::max(high_water_, *stored);
   new_paths_.clear();  // every path is registered with the new key
   detail_ = "promoting: reading keys and reservations";
   // S4: a PR OUT of ours that failed or timed out before is read back first.
   after_monitor_prouts(now, [this](Time monitor_done) {
-    after_registers_settle(monitor_done, [this](Time from) {
-      read_all(true, from, [this](const Reads& reads, Time at) {
-        if (!reads.ok()) {
-          end(fail(ErrorCode::kIndeterminate,
-                   "promote of " + options_.name +
-                       ": cannot read the LUs: " + reads.errors(options_.lus)),
-              at);
-          return;
-        }
-        promote_draw(reads, at);
+    after_registers_settle(monitor_done, [this](Time settled) {
+      with_capabilities(settled, [this](Time from) {
+        read_all(true, from, [this](const Reads& reads, Time at) {
+          if (!reads.ok()) {
+            end(fail(ErrorCode::kIndeterminate,
+                     "promote of " + options_.name +
+                         ": cannot read the LUs: " + reads.errors(options_.lus)),
+                at);
+            return;
+          }
+          promote_draw(reads, at);
+        });
       });
     });
   });
@@ -77,18 +77,18 @@ void Resource::promote_draw(const Reads& reads, Time now) {
     epoch -= epoch > 0 ? 1 : 0;
   }
   const Key key = key_for(epoch + 1);
-  if (auto stored = epochs_.store(options_.name, key.epoch()); !stored) {
+  if (auto stored = store_drawn(key.epoch()); !stored) {
     end(tl::unexpected(stored.error()), now);
     return;
   }
-  high_water_ = key.epoch();
   detail_ = "promoting: registering " + key.to_string();
   // REGISTER AND IGNORE EXISTING KEY moves each of our nexuses from its member key to the new one
   // in one command: the node stays registered, and so able to write, throughout.
   std::vector<pr::Request> requests;
   for (const auto& lu : options_.lus) {
-    for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
-                                              "REGISTER AND IGNORE EXISTING KEY")) {
+    for (auto& request :
+         pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value(), register_options()),
+                              "REGISTER AND IGNORE EXISTING KEY")) {
       requests.push_back(std::move(request));
     }
   }

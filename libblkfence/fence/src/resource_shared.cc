@@ -31,7 +31,9 @@ void Resource::unfence(Time now, Done done) {
   // S4: a PR OUT of ours that failed or timed out before (an unfence, a fence, a release) is read
   // back before we register again, whatever the register then does.
   after_monitor_prouts(now, [this](Time monitor_done) {
-    after_registers_settle(monitor_done, [this](Time from) { unfence_register(from); });
+    after_registers_settle(monitor_done, [this](Time settled) {
+      with_capabilities(settled, [this](Time from) { unfence_register(from); });
+    });
   });
 }
 
@@ -58,19 +60,19 @@ void Resource::unfence_register(Time now) {
         return;
       }
       key = key_for(epoch + 1);
-      if (auto stored = epochs_.store(options_.name, key.epoch()); !stored) {
+      if (auto stored = store_drawn(key.epoch()); !stored) {
         set_state(State::kReleased, "unfence failed: cannot store the epoch");
         end(tl::unexpected(stored.error()), read_at);
         return;
       }
-      high_water_ = key.epoch();
     }
     key_ = key;
     set_state(State::kUnfencing, "registering " + key.to_string());
     std::vector<pr::Request> requests;
     for (const auto& lu : options_.lus) {
-      for (auto& request : pr::prout_every_path(lu, codec::prout_register_and_ignore(key.value()),
-                                                "REGISTER AND IGNORE EXISTING KEY")) {
+      for (auto& request : pr::prout_every_path(
+               lu, codec::prout_register_and_ignore(key.value(), register_options()),
+               "REGISTER AND IGNORE EXISTING KEY")) {
         requests.push_back(std::move(request));
       }
     }

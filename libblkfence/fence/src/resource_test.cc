@@ -34,7 +34,7 @@ TEST_F(ResourceTest, ReleaseClosesTheGateAndLeavesTheKeyHoldingForTheNextAcquire
   EXPECT_FALSE(a->resource->gate_open());
   EXPECT_FALSE(a->resource->key().has_value());
   EXPECT_EQ(a->recorder.count(EventKind::kReleased), 1U);
-  EXPECT_EQ(a->store.load("pgdata").value_or(0), key.epoch() + 1);
+  EXPECT_EQ(a->stored_epoch(), key.epoch() + 1);
 
   // A restart finds its own key as the only holder and does not adopt it.
   a->crash();
@@ -95,7 +95,7 @@ TEST_F(ResourceTest, RestartAdoptsItsOwnVerifiedKeyWithoutAPrOut) {
   const auto mine = a->sent_since(before);
   EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
   EXPECT_TRUE(a->resource->gate_open());
-  EXPECT_EQ(a->store.load("pgdata").value_or(0), key.epoch());
+  EXPECT_EQ(a->stored_epoch(), key.epoch());
 }
 
 // A restarted daemon that finds a stale key of its own (registered on one nexus, while another

@@ -79,6 +79,7 @@ struct Sent {
   std::uint8_t action = 0;  // PR IN or PR OUT service action
   std::uint64_t key = 0;    // PR OUT RESERVATION KEY
   std::uint64_t sa_key = 0;
+  bool aptpl = false;  // PR OUT parameter list byte 20 bit 0
 
   bool is_prout() const { return opcode == 0x5f; }
   bool is(PrOutAction a) const { return is_prout() && action == static_cast<std::uint8_t>(a); }
@@ -131,20 +132,24 @@ class Recorder final : public Observer {
 // An epoch store whose disk is full.
 class FailingStore final : public EpochStore {
  public:
-  Result<std::uint32_t> load(const std::string&) override { return 0U; }
-  Result<void> store(const std::string&, std::uint32_t) override {
+  Result<std::optional<StoredEpochs>> load(const std::string&) override { return StoredEpochs{}; }
+  Result<void> store(const std::string&, StoredEpochs) override {
     return fail(ErrorCode::kOs, "write RESOURCE.epoch: no space left on device");
   }
+  std::string where(const std::string& resource) const override { return resource + ".epoch"; }
 };
 
 // An epoch store that reads what is on disk but can no longer write (its disk went read-only).
 class ReadOnlyStore final : public EpochStore {
  public:
   explicit ReadOnlyStore(std::uint32_t epoch) : epoch_(epoch) {}
-  Result<std::uint32_t> load(const std::string&) override { return epoch_; }
-  Result<void> store(const std::string&, std::uint32_t) override {
+  Result<std::optional<StoredEpochs>> load(const std::string&) override {
+    return StoredEpochs{.used = epoch_, .seen = epoch_};
+  }
+  Result<void> store(const std::string&, StoredEpochs) override {
     return fail(ErrorCode::kOs, "write RESOURCE.epoch: read-only file system");
   }
+  std::string where(const std::string& resource) const override { return resource + ".epoch"; }
 
  private:
   std::uint32_t epoch_;
@@ -243,6 +248,16 @@ class Node {
 
   Time now() const { return target_.clock().now(); }
   std::uint16_t id() const { return id_; }
+  // The epoch this node last used, on its disk; 0 when there is none.
+  std::uint32_t stored_epoch() {
+    const auto stored = store.load("pgdata");
+    return stored && *stored ? (*stored)->used : 0U;
+  }
+  // The highest epoch it has seen; 0 when there is none.
+  std::uint32_t seen_epoch() {
+    const auto stored = store.load("pgdata");
+    return stored && *stored ? (*stored)->seen : 0U;
+  }
 
   std::function<Fault(const FaultContext&)> faults;  // injected into this node's commands
   MemoryEpochStore store;
@@ -259,10 +274,12 @@ class Node {
               .opcode = c.command.cdb[0],
               .action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU),
               .key = 0,
-              .sa_key = 0};
+              .sa_key = 0,
+              .aptpl = false};
     if (sent.is_prout() && c.command.data_out.size() >= 16) {
       sent.key = load_be64(c.command.data_out, 0);
       sent.sa_key = load_be64(c.command.data_out, 8);
+      sent.aptpl = c.command.data_out.size() > 20 && (c.command.data_out[20] & 0x01U) != 0;
     }
     sent_.push_back(sent);
     return faults ? faults(c) : Fault{};

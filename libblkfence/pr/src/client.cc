@@ -119,6 +119,14 @@ Request read_keys_request(const LogicalUnit& lu) {
                  .what = "READ KEYS"};
 }
 
+Request report_capabilities_request(const LogicalUnit& lu) {
+  return Request{
+      .devices = devices_of(lu),
+      .command = prin_command(codec::PrInAction::kReportCapabilities, kCapabilitiesAllocation),
+      .is_read = true,
+      .what = "REPORT CAPABILITIES"};
+}
+
 Request read_reservation_request(const LogicalUnit& lu) {
   return Request{
       .devices = devices_of(lu),
@@ -176,11 +184,7 @@ std::vector<LuResult<codec::Capabilities>> Client::report_capabilities(
   std::vector<Request> requests;
   requests.reserve(lus.size());
   for (const auto& lu : lus) {
-    requests.push_back(Request{
-        .devices = devices_of(lu),
-        .command = prin_command(codec::PrInAction::kReportCapabilities, kCapabilitiesAllocation),
-        .is_read = true,
-        .what = "REPORT CAPABILITIES"});
+    requests.push_back(report_capabilities_request(lu));
   }
   return decode_each<codec::Capabilities>(run(std::move(requests)), [](const auto& data) {
     return codec::decode_report_capabilities(data);

@@ -190,8 +190,11 @@ SimAnswer persistent_reserve_in(const Lu& lu, const Command& command) {
       }
       std::vector<std::uint8_t> caps(8, 0);
       store_be16(caps, 0, 8);
-      caps[2] = 0x10 | 0x08 | 0x04 | 0x01;  // CRH, SIP_C, ATP_C, PTPL_C
-      caps[3] = 0x80 | 0x10;                // TMV, ALLOW COMMANDS 001b
+      caps[2] = 0x10 | 0x08 | 0x04;  // CRH, SIP_C, ATP_C
+      if (lu.config.ptpl_capable) {
+        caps[2] |= 0x01;  // PTPL_C
+      }
+      caps[3] = 0x80 | 0x10;  // TMV, ALLOW COMMANDS 001b
       if (lu.aptpl_active) {
         caps[3] |= 0x01;  // PTPL_A
       }
@@ -407,6 +410,38 @@ class SimTarget::Impl {
     }
   }
 
+  bool power_cycle(Lu& lu) {
+    std::vector<Task> lost;
+    for (auto& [id, task] : lu.tasks) {
+      clock_.cancel(task.event);
+      lost.push_back(std::move(task));
+    }
+    lu.tasks.clear();
+    for (Task& task : lost) {
+      const SimAnswer answer = status_only(SamStatus::kTaskAborted);
+      finish(lu, task.nexus, task.command, task.parsed, task.accepted_at, answer, false, {});
+      task.answer(answer);
+    }
+    lu.unit_attentions.clear();
+    for (const NexusId nexus : lu.known) {
+      lu.add_unit_attention(nexus, kUaPowerOnOrReset);
+    }
+    if (lu.aptpl_active) {
+      return true;
+    }
+    std::vector<NexusId> unregistered;
+    for (const SimRegistration& registration : lu.registrations) {
+      unregistered.push_back(registration.nexus);
+    }
+    lu.registrations.clear();
+    lu.holder.reset();
+    lu.generation = 0;
+    history_.prouts.push_back(PrOutRecord{next_sequence_++, clock_.now(), lu.id, 0,
+                                          kPowerCycleRecord, 0, 0, 0, SimOutcome{},
+                                          std::move(unregistered), 0, std::nullopt});
+    return false;
+  }
+
   // Records writes and PR OUTs, whatever became of them.
   void finish(const Lu& lu, NexusId nexus, const Command& command, const Parsed& parsed,
               SimTime accepted_at, const SimAnswer& answer, bool landed,
@@ -500,6 +535,10 @@ void SimTarget::nexus_loss(NexusId nexus) {
   }
 }
 
+bool SimTarget::power_cycle(LuId lu) {
+  return impl_->power_cycle(impl_->lu(lu));
+}
+
 std::vector<SimRegistration> SimTarget::registrations(LuId lu) const {
   return impl_->lu(lu).registrations;
 }
@@ -523,6 +562,14 @@ std::vector<UnitAttention> SimTarget::unit_attentions(LuId lu, NexusId nexus) co
 
 std::size_t SimTarget::held_count(LuId lu) const {
   return impl_->lu(lu).tasks.size();
+}
+
+bool SimTarget::aptpl_active(LuId lu) const {
+  return impl_->lu(lu).aptpl_active;
+}
+
+void SimTarget::set_ptpl_capable(LuId lu, bool capable) {
+  impl_->lu(lu).config.ptpl_capable = capable;
 }
 
 std::optional<std::vector<std::uint8_t>> SimTarget::block(LuId lu, std::uint64_t lba) const {

@@ -77,6 +77,9 @@ class PrOutExecution {
 
   // core_scsi3_emulate_pro_register(); REGISTER AND IGNORE EXISTING KEY comes with key 0.
   SimAnswer register_key(std::uint64_t key, bool ignore_existing) {
+    if (in_.aptpl && !lu_.config.ptpl_capable) {
+      return check_condition(kInvalidFieldInParameterList);  // SPC-4 6.16.2: APTPL not supported
+    }
     SimRegistration* registration = lu_.find(nexus_);
     if (registration == nullptr) {
       if (key != 0) {

@@ -539,5 +539,60 @@ TEST_F(SimTargetTest, PreemptAndAbortMatchesTheHolderKeySnapshot) {
   EXPECT_EQ(s1_violations(target.history()).size(), 1U);
 }
 
+// --- power cycles (SimTarget::power_cycle) ------------------------------------------------------
+
+// Without APTPL a power cycle forgets every registration and the reservation (PRgeneration 0), says
+// so in the history, and leaves every nexus a 29/00 unit attention.
+TEST_F(SimTargetTest, APowerCycleWithoutAptplForgetsThePrState) {
+  set_up_holder(PrType::kWriteExclusiveRegistrantsOnly);
+  EXPECT_FALSE(target.power_cycle(lu));
+  EXPECT_TRUE(target.registrations(lu).empty());
+  EXPECT_EQ(target.reservation(lu), std::nullopt);
+  EXPECT_EQ(target.generation(lu), 0U);
+  const PrOutRecord& record = target.history().prouts.back();
+  EXPECT_EQ(record.service_action, kPowerCycleRecord);
+  EXPECT_EQ(record.unregistered.size(), 4U);
+  EXPECT_TRUE(is_unit_attention(run(kB, prin_command(PrInAction::kReadKeys)), kUaPowerOnOrReset));
+  EXPECT_TRUE(keys().empty());
+}
+
+// With APTPL active (the last REGISTER set it) the registrations and the reservation survive.
+TEST_F(SimTargetTest, APowerCycleWithAptplKeepsThePrState) {
+  set_up_holder(PrType::kWriteExclusiveRegistrantsOnly);
+  ASSERT_TRUE(is_good(prout(kC, codec::prout_register_and_ignore(kKeyC, {.aptpl = true}))));
+  ASSERT_TRUE(target.aptpl_active(lu));
+  const auto before = target.registrations(lu);
+  const std::size_t records = target.history().prouts.size();
+  EXPECT_TRUE(target.power_cycle(lu));
+  EXPECT_EQ(target.registrations(lu), before);
+  ASSERT_TRUE(target.reservation(lu).has_value());
+  EXPECT_EQ(target.reservation(lu)->key, kKeyA);
+  EXPECT_EQ(target.history().prouts.size(), records);
+  EXPECT_TRUE(is_unit_attention(run(kB, prin_command(PrInAction::kReadKeys)), kUaPowerOnOrReset));
+}
+
+// A REGISTER with APTPL=0 after one with APTPL=1 turns it off again (the last REGISTER wins).
+TEST_F(SimTargetTest, TheLastRegisterDecidesAptpl) {
+  ASSERT_TRUE(is_good(prout(kA1, codec::prout_register_and_ignore(kKeyA, {.aptpl = true}))));
+  ASSERT_TRUE(target.aptpl_active(lu));
+  ASSERT_TRUE(is_good(register_key(kB, kKeyB)));
+  EXPECT_FALSE(target.aptpl_active(lu));
+  EXPECT_FALSE(target.power_cycle(lu));
+  EXPECT_TRUE(target.registrations(lu).empty());
+}
+
+// A LU without PTPL_C says so in REPORT CAPABILITIES and refuses APTPL=1.
+TEST_F(SimTargetTest, ALuWithoutPtplCRefusesAptpl) {
+  target.set_ptpl_capable(lu, false);
+  const SimAnswer caps = run(kB, prin_command(PrInAction::kReportCapabilities));
+  ASSERT_TRUE(is_good(caps));
+  const auto decoded = codec::decode_report_capabilities(caps.data_in);
+  ASSERT_TRUE(decoded.has_value());
+  EXPECT_FALSE(decoded->ptpl_c);
+  EXPECT_TRUE(is_sense(prout(kA1, codec::prout_register_and_ignore(kKeyA, {.aptpl = true})),
+                       SenseKey::kIllegalRequest, 0x26, 0x00));
+  EXPECT_TRUE(target.registrations(lu).empty());
+}
+
 }  // namespace
 }  // namespace blkfence::transport::test

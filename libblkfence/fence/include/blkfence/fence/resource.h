@@ -228,7 +228,16 @@ class Resource {
   std::uint32_t highest_epoch(const Reads& reads) const;
   bool outranks(std::uint64_t other, Key key) const;
   void probe_read(const Reads& reads, Time now);
+  void read_capabilities(Time now, std::function<void(Time)> then);
+  void with_capabilities(Time now, std::function<void(Time)> then);
+  codec::RegisterOptions register_options() const;
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
+  [[nodiscard]] Result<void> load_epochs();
+  [[nodiscard]] Result<void> store_epochs(StoredEpochs epochs);
+  [[nodiscard]] Result<void> store_drawn(std::uint32_t epoch);
+  [[nodiscard]] Result<void> remember_epochs(const Reads& reads, std::uint32_t used_floor = 0);
+  std::uint32_t seen_epoch(const Reads& reads) const;
+  void note_epochs(const Reads& reads);
   std::string not_held(const Reads& reads, std::uint32_t stored) const;
 
   // resource_acquire.cc: acquire and release (exclusive).
@@ -311,7 +320,11 @@ class Resource {
   bool check_in_flight_ = false;
   bool keys_next_ = true;  // the next check reads keys too
   std::optional<Key> key_;
-  std::uint32_t high_water_ = 0;
+  std::uint32_t high_water_ = 0;  // no new key at or below it (S3): stored, or seen since
+  // Every LU reported PTPL_C: REGISTER with APTPL=1. nullopt while a LU has not answered.
+  std::optional<bool> aptpl_;
+  std::optional<StoredEpochs> stored_;  // what the node's disk holds; nullopt while it has no file
+  std::uint32_t epoch_store_failed_ = 0;  // the highest seen epoch the monitor failed to store
   std::optional<std::uint64_t> fenced_by_;
   std::string detail_;
   std::vector<LuView> views_;

@@ -54,6 +54,7 @@ struct UnitAttention {
 
   friend bool operator==(const UnitAttention&, const UnitAttention&) = default;
 };
+inline constexpr UnitAttention kUaPowerOnOrReset{0x29, 0x00};
 inline constexpr UnitAttention kUaItNexusLoss{0x29, 0x07};
 inline constexpr UnitAttention kUaReservationsPreempted{0x2a, 0x03};
 inline constexpr UnitAttention kUaReservationsReleased{0x2a, 0x04};
@@ -120,6 +121,10 @@ struct PrOutRecord {
   friend bool operator==(const PrOutRecord&, const PrOutRecord&) = default;
 };
 
+// PrOutRecord::service_action of a power cycle that took the PR state away (PR OUT service actions
+// are 5 bits, so no command has it): unregistered lists every nexus, reservation is none.
+inline constexpr std::uint8_t kPowerCycleRecord = 0xff;
+
 struct SimHistory {
   std::vector<WriteRecord> writes;
   std::vector<PrOutRecord> prouts;
@@ -136,6 +141,9 @@ struct LuConfig {
   // False stands for LIO without <db_root>/pr (docs/design.md §7): REGISTER and unregister answer
   // NOT READY 08/00 although they took effect (docs/reference/lio.md §2).
   bool aptpl_file_writable = true;
+  // REPORT CAPABILITIES says PTPL_C (LIO always does); without it a REGISTER with APTPL=1 is
+  // refused, ILLEGAL REQUEST, INVALID FIELD IN PARAMETER LIST (SPC-4 6.16.2).
+  bool ptpl_capable = true;
 };
 
 // Where a device name leads.
@@ -181,6 +189,12 @@ class SimTarget {
   void add_unit_attention(LuId lu, NexusId nexus, UnitAttention ua);
   // The nexus's session dropped and came back: 29/07 on every LU (core_allocate_nexus_loss_ua).
   void nexus_loss(NexusId nexus);
+  // The LU loses power and comes back at once. Its held commands end with TASK ABORTED and never
+  // take effect; its pending unit attentions are replaced by 29/00 for every nexus it knows. The
+  // registrations and the reservation survive only where APTPL is active (LIO reloads them from
+  // <db_root>/pr, SPC-4 5.13.5); otherwise they are gone and PRgeneration is 0 again, recorded in
+  // history() as a kPowerCycleRecord. Returns whether they survived.
+  bool power_cycle(LuId lu);
 
   // State, read without going through commands (no unit attention is consumed).
   std::vector<SimRegistration> registrations(LuId lu) const;
@@ -188,6 +202,9 @@ class SimTarget {
   std::uint32_t generation(LuId lu) const;
   std::vector<UnitAttention> unit_attentions(LuId lu, NexusId nexus) const;
   std::size_t held_count(LuId lu) const;
+  // The last REGISTER (or REGISTER AND MOVE) set APTPL and the APTPL file was written.
+  bool aptpl_active(LuId lu) const;
+  void set_ptpl_capable(LuId lu, bool capable);
   // The block as last written, nullopt if never written.
   std::optional<std::vector<std::uint8_t>> block(LuId lu, std::uint64_t lba) const;
   const SimHistory& history() const;

@@ -1,0 +1,450 @@
+// Proves how fence::Resource keeps its epochs on the node's disk (S3, docs/protocol.md) on the
+// bench of resource_test_bench.h, with the real file store in a temporary directory: an acquire,
+// promote or unfence whose epoch cannot be stored (full disk, failing fsync of the file or the
+// directory, read-only directory) fails before registering its new key anywhere, and leaves the old
+// file.
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include <gtest/gtest.h>
+
+#include "epoch_faults.h"
+#include "resource_test_bench.h"
+
+namespace blkfence::fence::test {
+namespace {
+
+enum class StoreFault { kFullDisk, kFsyncFile, kReadOnlyDir, kFsyncDir };
+enum class Operation { kAcquire, kPromote, kUnfence };
+
+std::string name_of(StoreFault fault) {
+  switch (fault) {
+    case StoreFault::kFullDisk: return "FullDisk";
+    case StoreFault::kFsyncFile: return "FsyncFileEio";
+    case StoreFault::kReadOnlyDir: return "ReadOnlyDir";
+    case StoreFault::kFsyncDir: return "FsyncDirEio";
+  }
+  return "?";
+}
+
+std::string name_of(Operation operation) {
+  switch (operation) {
+    case Operation::kAcquire: return "Acquire";
+    case Operation::kPromote: return "Promote";
+    case Operation::kUnfence: return "Unfence";
+  }
+  return "?";
+}
+
+class EpochsTest : public ResourceTest {
+ protected:
+  EpochsTest()
+      : faults(std::make_shared<EpochFaults>()),
+        file_store(make_file_epoch_store(dir.path(), faulty_calls(faults))) {}
+
+  ResourceOptions options_for(Node& node, Operation operation) const {
+    if (operation == Operation::kAcquire) {
+      return node.options();
+    }
+    ResourceOptions o = node.options(Mode::kShared);
+    o.primary = true;  // a member draws an epoch in primary mode (docs/protocol.md)
+    return o;
+  }
+
+  std::string path() const { return dir.file("pgdata.epoch"); }
+
+  TempDir dir;
+  std::shared_ptr<EpochFaults> faults;
+  std::unique_ptr<EpochStore> file_store;
+};
+
+class StoreFaultTest : public EpochsTest,
+                       public ::testing::WithParamInterface<std::tuple<Operation, StoreFault>> {};
+
+// S3: the epoch is durable before the key exists anywhere. B holds (or is the primary) with epoch
+// 1; A's operation reads it, draws 2, cannot store it, and fails: no REGISTER of A's new key was
+// sent, no key of A's above the old one is on any LU, and the file still holds what it held (the
+// directory's fsync fails after the rename, so there the file may hold the unused epoch instead).
+TEST_P(StoreFaultTest, AnEpochThatCannotBeStoredIsNeverRegistered) {
+  const auto [operation, fault] = GetParam();
+  b->boot(options_for(*b, operation));
+  a->boot(options_for(*a, operation), file_store.get());
+  ASSERT_TRUE(file_store->store("pgdata", {.used = 1, .seen = 1}).has_value());
+  std::uint32_t member_epoch = 0;
+  if (operation == Operation::kAcquire) {
+    (void)acquired(*b);
+  } else {
+    Outcome* member = b->unfence();
+    ASSERT_TRUE(run_until([&] { return member->done(); }));
+    ASSERT_TRUE(member->result->has_value());
+    if (operation == Operation::kPromote) {
+      Outcome* joined = a->unfence();
+      ASSERT_TRUE(run_until([&] { return joined->done(); }));
+      ASSERT_TRUE(joined->result->has_value()) << joined->result->error().message();
+      member_epoch = (*joined->result)->epoch();
+    }
+  }
+  const std::optional<std::string> before_file = slurp(path());
+  ASSERT_TRUE(before_file.has_value());
+  switch (fault) {
+    case StoreFault::kFullDisk: faults->write = ENOSPC; break;
+    case StoreFault::kFsyncFile: faults->fsync_file = EIO; break;
+    case StoreFault::kReadOnlyDir: faults->create = EROFS; break;
+    case StoreFault::kFsyncDir: faults->fsync_dir = EIO; break;
+  }
+  const std::size_t before = sent.size();
+  Outcome* outcome = operation == Operation::kAcquire   ? a->acquire()
+                     : operation == Operation::kPromote ? a->promote()
+                                                        : a->unfence();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kOs);
+  EXPECT_NE(outcome->result->error().message().find(dir.path()), std::string::npos)
+      << outcome->result->error().message();
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); }))
+      << "a REGISTER of a key whose epoch is not on disk";
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    for (const std::uint64_t k : keys_on(lu)) {
+      EXPECT_FALSE(Key::node_of(k) == kNodeA && Key::epoch_of(k) > member_epoch)
+          << Key::format(k) << " on lu" << lu;
+    }
+  }
+  EXPECT_FALSE(a->resource->gate_open() && operation != Operation::kPromote);
+  if (fault != StoreFault::kFsyncDir) {
+    EXPECT_EQ(slurp(path()), before_file);
+  }
+  EXPECT_EQ(slurp(path() + ".new"), std::nullopt);
+  a->crash();  // before the store goes
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryPersistencePath, StoreFaultTest,
+    ::testing::Combine(::testing::Values(Operation::kAcquire, Operation::kPromote,
+                                         Operation::kUnfence),
+                       ::testing::Values(StoreFault::kFullDisk, StoreFault::kFsyncFile,
+                                         StoreFault::kReadOnlyDir, StoreFault::kFsyncDir)),
+    [](const auto& param_info) {
+      return name_of(std::get<0>(param_info.param)) + name_of(std::get<1>(param_info.param));
+    });
+
+// A garbage epoch file stops the start and every operation with a message naming it: the node does
+// not know which epochs it used.
+TEST_F(EpochsTest, AGarbageFileStopsStartAndAcquireNamingIt) {
+  write_file(path(), "1x\n");
+  a->boot(a->options(), file_store.get());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kUnknown);
+  EXPECT_NE(a->resource->detail().find(path()), std::string::npos) << a->resource->detail();
+  const std::size_t before = sent.size();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_NE(outcome->result->error().message().find(path()), std::string::npos);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  EXPECT_EQ(slurp(path()), "1x\n");
+  a->crash();
+}
+
+// --- a missing file (docs/protocol.md, S3)
+// --------------------------------------------------------
+
+bool said(const Recorder& recorder, EventKind kind, const std::string& text) {
+  return std::any_of(recorder.events.begin(), recorder.events.end(), [&](const auto& e) {
+    return e.second.kind == kind && e.second.detail.find(text) != std::string::npos;
+  });
+}
+
+// The node's file is lost while its key holds every LU: the start says so, does not adopt the key
+// (it may have been given up), and stores above it, so neither this start nor the next adopts it
+// and the next acquire draws above it.
+TEST_F(EpochsTest, AMissingFileWhileOurKeyHoldsIsSaidAndRepaired) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  a->crash();
+  a->store.forget("pgdata");
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_TRUE(said(a->recorder, EventKind::kStateKnown,
+                   "memory:pgdata.epoch was missing while key " + key.to_string()))
+      << a->resource->detail();
+  EXPECT_EQ(a->stored_epoch(), key.epoch() + 1) << "the key found is given up";
+  a->crash();
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased) << "not adopted by the next start either";
+  EXPECT_GT(acquired(*a).epoch(), key.epoch() + 1);
+}
+
+// No file and no key of this node: the first start, said as nothing unusual.
+TEST_F(EpochsTest, AMissingFileWithoutOurKeyIsAFirstStart) {
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_EQ(a->resource->detail(), "not held by this node");
+  EXPECT_EQ(a->store.load("pgdata").value(), std::nullopt) << "nothing to keep yet";
+}
+
+// No file and the LUs cannot be read: the state is unknown and says both; an acquire reads the LUs
+// before it draws, so it fails instead of drawing from 0; once they answer, the monitor's probe
+// finds the key and repairs the file.
+TEST_F(EpochsTest, AMissingFileAndUnreadableLusLeaveTheStateUnknown) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  a->crash();
+  a->store.forget("pgdata");
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = c.command.cdb[0] == 0x5e;
+    return fault;
+  };
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kUnknown);
+  EXPECT_NE(a->resource->detail().find("memory:pgdata.epoch does not exist"), std::string::npos)
+      << a->resource->detail();
+  const std::size_t before = sent.size();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(outcome->result->error().code(), ErrorCode::kIndeterminate);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  a->faults = nullptr;
+  EXPECT_GT(acquired(*a).epoch(), key.epoch()) << "drawn above every key the read showed";
+}
+
+// The same, left alone: once the LUs answer, the monitor's probe finds the key and repairs the
+// file.
+TEST_F(EpochsTest, AMissingFileIsRepairedOnceTheLusAnswer) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  a->crash();
+  a->store.forget("pgdata");
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = c.command.cdb[0] == 0x5e;
+    return fault;
+  };
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kUnknown);
+  a->faults = nullptr;
+  ASSERT_TRUE(run_until([&] { return a->stored_epoch() != 0; }));
+  EXPECT_EQ(a->stored_epoch(), key.epoch() + 1);
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_TRUE(
+      said(a->recorder, EventKind::kStateKnown, "was missing while key " + key.to_string()));
+}
+
+// --- epochs seen from any node (S3)
+// ---------------------------------------------------------------
+
+// Counts the stores that reach the disk (each is an fsync on the event loop).
+class CountingStore final : public EpochStore {
+ public:
+  Result<std::optional<StoredEpochs>> load(const std::string& resource) override {
+    return memory.load(resource);
+  }
+  Result<void> store(const std::string& resource, StoredEpochs epochs) override {
+    ++stores;
+    return memory.store(resource, epochs);
+  }
+  std::string where(const std::string& resource) const override { return memory.where(resource); }
+
+  MemoryEpochStore memory;
+  std::size_t stores = 0;
+};
+
+// B holds with epoch 41; A only starts and reads it. The target then forgets every registration
+// (a CLEAR; a power cycle without APTPL is the same to the protocol): A's next acquire still draws
+// above 41, from its own disk.
+TEST_F(EpochsTest, AnEpochSeenFromAnotherNodeOutlivesATargetThatForgets) {
+  ASSERT_TRUE(b->store.store("pgdata", {.used = 40, .seen = 40}).has_value());
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  ASSERT_EQ(key_b.epoch(), 41U);
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->seen_epoch(), 41U);
+  EXPECT_EQ(a->stored_epoch(), 0U) << "A used no epoch: nothing of A's to adopt";
+  b->crash();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_clear(key_b.value()));
+  }
+  EXPECT_GT(acquired(*a).epoch(), 41U);
+}
+
+// The monitor's reads store a rise too, once: a key of the cluster with a higher epoch appears on
+// the LUs while A holds; A stores it at the next round that reads keys, and not again after.
+TEST_F(EpochsTest, TheMonitorStoresARiseOnceAndOnlyARise) {
+  CountingStore counting;
+  a->boot(a->options(), &counting);
+  const Key key = acquired(*a);
+  const std::size_t after_acquire = counting.stores;
+  run_for(milliseconds(2000));
+  EXPECT_EQ(counting.stores, after_acquire) << "no rise, no store";
+  const Key racer = key_of(kNodeB, 50);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    register_directly(nexus_of(kNodeB, lu, 0), lu, racer.value());
+  }
+  ASSERT_TRUE(run_until([&] {
+    const auto stored = counting.memory.load("pgdata");
+    return stored && *stored && (*stored)->seen == 50;
+  }));
+  const auto stored = counting.memory.load("pgdata").value();
+  EXPECT_EQ(stored->used, key.epoch()) << "a key seen is not a key used";
+  const std::size_t after_rise = counting.stores;
+  run_for(milliseconds(2000));
+  EXPECT_LE(counting.stores, after_rise + 1) << "at most a give-up, if the racer fenced A";
+  a->crash();
+}
+
+// Primary mode: members draw above the primary, so the highest epoch seen is above the primary's
+// own. The primary that restarts is still adopted: adoption compares the epoch it used, not the one
+// it saw.
+TEST_F(EpochsTest, APrimaryWhoseMembersOutrankItIsAdoptedAfterARestart) {
+  ResourceOptions primary_a = a->options(Mode::kShared);
+  primary_a.primary = true;
+  ResourceOptions primary_b = b->options(Mode::kShared);
+  primary_b.primary = true;
+  a->boot(primary_a);
+  b->boot(primary_b);
+  Outcome* joined = b->unfence();
+  ASSERT_TRUE(run_until([&] { return joined->done(); }));
+  Outcome* promoted = b->promote();
+  ASSERT_TRUE(run_until([&] { return promoted->done(); }));
+  ASSERT_TRUE(promoted->result->has_value()) << promoted->result->error().message();
+  const Key primary = **promoted->result;
+  Outcome* member = a->unfence();
+  ASSERT_TRUE(run_until([&] { return member->done(); }));
+  ASSERT_TRUE(member->result->has_value()) << member->result->error().message();
+  ASSERT_GT((*member->result)->epoch(), primary.epoch());
+  ASSERT_TRUE(run_until([&] { return b->seen_epoch() == (*member->result)->epoch(); }))
+      << "B's monitor stores the member's epoch";
+  b->crash();
+  b->boot(primary_b);
+  b->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return b->resource->state_known(); }));
+  EXPECT_EQ(b->resource->state(), State::kHeld) << b->resource->detail();
+  EXPECT_EQ(b->resource->key(), primary);
+}
+
+// --- APTPL (docs/protocol.md)
+// ---------------------------------------------------------------------
+
+// Every LU reports PTPL_C: every REGISTER of the node, the unregister of its release included,
+// carries APTPL=1, and the target has APTPL active on every LU.
+TEST_F(EpochsTest, RegistersCarryAptplWhereEveryLuReportsPtplC) {
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  const std::size_t before = sent.size();
+  (void)acquired(*a);
+  const auto mine = a->sent_since(before);
+  ASSERT_TRUE(std::any_of(mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); }));
+  for (const Sent& s : mine) {
+    if (s.is(PrOutAction::kRegister) || s.is(PrOutAction::kRegisterAndIgnoreExistingKey)) {
+      EXPECT_TRUE(s.aptpl) << "a REGISTER without APTPL on nexus " << s.nexus;
+    }
+  }
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_TRUE(target.aptpl_active(static_cast<LuId>(lu))) << "lu" << lu;
+  }
+}
+
+// One LU does not report PTPL_C: no REGISTER carries APTPL (it would be refused there, and APTPL
+// on some LUs only would keep some tokens and lose others), and acquire works as before.
+TEST_F(EpochsTest, NoRegisterCarriesAptplWhereOneLuLacksPtplC) {
+  target.set_ptpl_capable(1, false);
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  const std::size_t before = sent.size();
+  (void)acquired(*a);
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.aptpl; }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_FALSE(target.aptpl_active(static_cast<LuId>(lu))) << "lu" << lu;
+  }
+}
+
+// The LUs did not answer REPORT CAPABILITIES at the start: the acquire asks again before it
+// registers, rather than register without APTPL and turn it off on a target that keeps it.
+TEST_F(EpochsTest, CapabilitiesUnreadAtTheStartAreReadBeforeRegistering) {
+  bool unreachable = true;
+  a->faults = [&unreachable](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = unreachable && c.command.cdb[0] == 0x5e;
+    return fault;
+  };
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  unreachable = false;
+  const std::size_t before = sent.size();
+  (void)acquired(*a);
+  const auto mine = a->sent_since(before);
+  ASSERT_TRUE(std::any_of(mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); }));
+  EXPECT_TRUE(std::all_of(mine.begin(), mine.end(),
+                          [](const Sent& s) { return !s.registers() || s.aptpl; }));
+}
+
+// --- a target that forgets (SimTarget::power_cycle)
+// -----------------------------------------------
+
+// Without PTPL_C the nodes register without APTPL, and a power cycle of every LU takes the holder's
+// key away: A's gate closes at its next round, and B, which saw A's epoch while it ran, acquires
+// above it although the LUs show nothing.
+TEST_F(EpochsTest, APowerCycleWithoutAptplFencesTheHolderAndEpochsStillGrow) {
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    target.set_ptpl_capable(static_cast<LuId>(lu), false);
+  }
+  a->boot(a->options());
+  b->boot(b->options());
+  a->resource->start(now());
+  b->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known() && b->resource->state_known(); }));
+  const Key key_a = acquired(*a);
+  ASSERT_TRUE(run_until([&] { return b->seen_epoch() == key_a.epoch(); }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_FALSE(target.power_cycle(static_cast<LuId>(lu)));
+  }
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  EXPECT_GT(acquired(*b).epoch(), key_a.epoch());
+}
+
+// With PTPL_C (LIO) the same power cycle changes nothing: the target kept the registrations and the
+// reservation, and A's gate stays open.
+TEST_F(EpochsTest, APowerCycleWithAptplKeepsTheHolder) {
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  const Key key_a = acquired(*a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_TRUE(target.power_cycle(static_cast<LuId>(lu)));
+  }
+  run_for(milliseconds(2000));
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->key(), key_a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), key_a.value());
+  }
+}
+
+}  // namespace
+}  // namespace blkfence::fence::test
