@@ -141,6 +141,9 @@ struct Run {
   std::uint16_t cluster_id = 0;
   std::size_t lus = 0;
   bool preempt_abort = false;
+  // S1 judged as docs/protocol.md states it in plain PREEMPT runs too: a write held in the task set
+  // across the preempt is a violation, not the documented weakness of plain PREEMPT.
+  bool strict_s1 = false;
   bool strict_epochs = false;  // also check that fresh acquisitions of all nodes increase
   fence::Mode mode = fence::Mode::kExclusive;  // every node's (shared: unfence and fence_node)
   bool primary = false;  // shared mode with ResourceOptions::primary: unfence joins, promote holds

@@ -26,6 +26,7 @@ Config draw_config(Rng& rng, const Cli& cli) {
     }
   }
   c.preempt_abort = rng.chance(1, 2);
+  c.preempt_abort = cli.preempt_abort.value_or(c.preempt_abort);
   const std::uint64_t check_ms = rng.between(100, 500);
   c.check_interval = milliseconds(check_ms);
   c.lease = c.check_interval * static_cast<std::int64_t>(rng.between(3, 5));
@@ -43,15 +44,15 @@ Config draw_config(Rng& rng, const Cli& cli) {
                                             .duplicate = rng.rate(10),
                                             .unit_attention = rng.rate(20),
                                             .delay_max = c.command_timeout * 3 / 2};
-  // Writes may be held in the target's task set only where PREEMPT AND ABORT clears it: under a
-  // plain PREEMPT a write held across the preempt lands after it (SPC-4 5.13.11.2.4, the hazard
-  // of S1 (docs/protocol.md) that the configuration choice is about), and no protocol can prevent
-  // it.
+  // Writes are held in the target's task set under either preempt: PREEMPT AND ABORT aborts them,
+  // while under a plain PREEMPT a write held across the preempt lands after it (SPC-4
+  // 5.13.11.2.4), the hazard the configuration choice is about, which no protocol can prevent:
+  // the checker reports those landings apart from S1 (checker.h, held_across_plain_preempt).
   c.writer_faults =
       transport::RandomFaults{.drop_request = rng.rate(10),
                               .drop_response = rng.rate(10),
                               .delay_response = rng.rate(20),
-                              .execute_late = c.preempt_abort ? rng.rate(50) : 0.0,
+                              .execute_late = rng.rate(50),
                               .duplicate = 0.0,
                               .unit_attention = rng.rate(10),
                               .delay_max = rng.time_between(milliseconds(1), c.check_interval)};
@@ -100,6 +101,7 @@ World::World(const Cli& cli, std::uint64_t seed)
   record_.cluster_id = fence::cluster_id_from_name("sim");
   record_.lus = config_.lus;
   record_.preempt_abort = config_.preempt_abort;
+  record_.strict_s1 = cli.strict_s1;
   record_.strict_epochs = cli.strict_epochs;
   record_.check_interval = config_.check_interval;
   record_.lease = config_.lease;
@@ -526,6 +528,13 @@ std::vector<Violation> World::run() {
   }
   auto checked = check(record_);
   violations.insert(violations.end(), checked.begin(), checked.end());
+  for (const Violation& held : held_across_plain_preempt(record_)) {
+    record_.notes.push_back("held across a plain PREEMPT (S1 holds only with PREEMPT AND ABORT): " +
+                            held.what);
+    for (const std::string& line : held.lines) {
+      record_.notes.push_back("    " + line);
+    }
+  }
   return violations;
 }
 
@@ -552,6 +561,9 @@ Stats World::stats() const {
       std::count_if(record_.notes.begin(), record_.notes.end(), [](const std::string& note) {
         return note.find("stray registration") != std::string::npos;
       }));
+  s.held_landings = static_cast<std::uint64_t>(std::count_if(
+      record_.notes.begin(), record_.notes.end(),
+      [](const std::string& note) { return note.starts_with("held across a plain PREEMPT"); }));
   for (const auto& node : nodes_) {
     s.writes_landed += node->writes_landed;
     s.writes_refused += node->writes_refused;

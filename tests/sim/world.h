@@ -65,6 +65,11 @@ struct Cli {
   bool shared = false;
   // --primary: half the seeds run every node in primary mode (unfence to join, promote, release).
   bool primary = false;
+  // --preempt plain|abort: every seed takes over with PREEMPT, or with PREEMPT AND ABORT; nullopt:
+  // drawn per seed (the draw is made either way, so the rest of a seed's scenario stays the same).
+  std::optional<bool> preempt_abort;
+  // --strict-s1: plain PREEMPT seeds are judged by S1 as stated (Run::strict_s1).
+  bool strict_s1 = false;
   std::string program = "blkfence_sim";
 };
 
@@ -169,6 +174,7 @@ struct Stats {
   std::uint64_t writes_landed = 0;
   std::uint64_t writes_refused = 0;
   std::uint64_t stray_registrations = 0;
+  std::uint64_t held_landings = 0;  // writes held across a plain PREEMPT that landed after it
   std::uint64_t violating_seeds = 0;
 
   void add(const Stats& other) {
@@ -181,6 +187,7 @@ struct Stats {
     writes_landed += other.writes_landed;
     writes_refused += other.writes_refused;
     stray_registrations += other.stray_registrations;
+    held_landings += other.held_landings;
     violating_seeds += other.violating_seeds;
   }
 };

@@ -564,6 +564,11 @@ TEST_F(SimTransportTest, PreemptAndAbortAbortsAHeldWriteWherePreemptLetsItLand) 
     EXPECT_EQ(written[0].outcome, abort ? Outcome::kTaskAborted : Outcome::kGood);
     EXPECT_EQ(local.block(id, 7).has_value(), !abort);
     EXPECT_EQ(s1_violations(local.history()).size(), abort ? 0U : 1U);
+    // The record shows the write held across the preempt: accepted before it, ended after it.
+    const SimHistory& history = local.history();
+    ASSERT_EQ(history.writes.size(), 1U);
+    EXPECT_LE(history.writes[0].accepted_sequence, history.prouts.back().sequence);
+    EXPECT_GT(history.writes[0].sequence, history.prouts.back().sequence);
   }
 }
 
