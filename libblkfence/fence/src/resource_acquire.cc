@@ -363,6 +363,16 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
 
 // How long after an acquire failed a PR OUT of it that timed out is assumed unable to execute any
 // more: the initiator aborts a timed-out command (SCSI error handling), so twice its timeout.
+Time acquire_window(const ResourceOptions& options, Time command_timeout) {
+  BLKFENCE_ASSERT(options.verify_rounds_max >= 1);
+  return (3 * options.verify_rounds_max + 3) * command_timeout;
+}
+
+Time stray_bound(const ResourceOptions& options, Time command_timeout) {
+  return acquire_window(options, command_timeout) +
+         (options.keys_every + 1) * Time(options.check_interval) + 3 * command_timeout;
+}
+
 Time Resource::late_execution_horizon() const {
   return 2 * std::chrono::duration_cast<Time>(engine_.policy().command_timeout);
 }

@@ -107,6 +107,18 @@ struct Event {
   std::string detail;                      // one sentence for logs and status
 };
 
+// How long an exclusive acquire may legitimately run after its REGISTERs went out: their answers,
+// then up to verify_rounds_max rounds of take, preempt of the others and verify, then a failed
+// acquire's read-back and unregister, one command_timeout each (docs/protocol.md, "Stray
+// registrations"). A key of our cluster that outranks the holder's is left to its acquire this
+// long.
+Time acquire_window(const ResourceOptions& options, Time command_timeout);
+// Within how long of its registration (or of the holder's gate opening, if later) the holder's
+// monitor removes a registration of its cluster other than its own key, while it runs and its
+// commands are answered: the acquire window, a READ KEYS round (keys_every checks), the check
+// after it is due and three round trips (docs/protocol.md, "Stray registrations").
+Time stray_bound(const ResourceOptions& options, Time command_timeout);
+
 class Resource;
 
 class Observer {
@@ -136,7 +148,7 @@ struct Counters {
   std::uint64_t checks = 0;
   std::uint64_t check_failures = 0;
   std::uint64_t unit_attentions = 0;
-  std::uint64_t strays_preempted = 0;  // monitor rounds that preempted lower-ranked keys
+  std::uint64_t strays_preempted = 0;  // monitor rounds that preempted other keys of the cluster
   std::chrono::nanoseconds check_latency_last{0};
   std::chrono::nanoseconds check_latency_max{0};
   std::chrono::nanoseconds check_latency_sum{0};
@@ -329,13 +341,15 @@ class Resource {
   std::optional<Leftover> leftover_;
   // Stray registrations beside our reservation, by node (preempt_strays): when its keys may next
   // be preempted, and how many times they were (the backoff doubles with each, up to
-  // 2^kStrayBackoffShift check intervals).
+  // 2^kStrayBackoffShift check intervals, and never past a key's deadline); and when each stray
+  // key was first seen.
   struct Stray {
     Time next_preempt{0};
     int preempts = 0;
   };
   static constexpr int kStrayBackoffShift = 6;
   std::map<std::uint16_t, Stray> strays_;
+  std::map<std::uint64_t, Time> stray_seen_;
   // New paths (LU index, path) waiting to be registered once the resource is idle.
   std::vector<std::pair<std::size_t, pr::Path>> new_paths_;
   std::function<void(Time)> queued_;  // an acquire or release waiting for a new-path registration
