@@ -94,6 +94,10 @@
 //                             CheckerS5.RegisteringANewPathWithAnotherKeyThanTheOpenGatesViolates
 //     no open-gate exception  CheckerS5.RegisteringANewPathWithTheHeldVerifiedKeyIsNoViolation
 //   check_l1                  CheckerL1.AFailedFinalAcquireViolates
+//   check_r1 (its only report CheckerR1.AStrayOutlivingTheBoundBesideAnOpenGateViolates
+//     of R1)
+//     the bound from the      CheckerR1.TheBoundRunsFromTheQuietPhaseAndOnlyWhenSet (tried on
+//     registration alone      this change's checker)
 //   replay: final keys        CheckerRecord.FinalRegistrationsThatDifferFromTheReplayAreReported
 //   replay: final holder      CheckerRecord.AFinalHolderThatDiffersFromTheReplayIsReported
 //   replay: lost registration CheckerRecord.ARemovalOfARegistrationTheRecordNeverMadeIsReported
@@ -901,6 +905,44 @@ TEST(CheckerHistory, ACleanTakeoverBreaksNothing) {
     EXPECT_EQ(run.final_lus[lu].registrations,
               (std::vector<transport::SimRegistration>{{nexus_of(2, lu), key_of(2, 2), false}}));
   }
+}
+
+// --- R1: no stray registration outlives the bound beside a holder ---
+
+// Node 1 holds epoch 1 from 14 ms; node 2's acquire registers epoch 2 at 42 ms and its daemon dies
+// before its take (the key outranks the holder's); the quiet phase starts at `quiet`; the stray
+// bound is 1 s; node 1's monitor preempts the stray at `removed`.
+History stray_beside_a_holder(Time quiet, Time removed) {
+  History h = two_nodes(1);
+  h.run().stray_bound = 1s;
+  acquire(h, 1, 10ms, key_of(1, 1));
+  begin_acquire(h, 2, 40ms, key_of(2, 2));
+  h.crash(2, 45ms);
+  h.quiet(quiet);
+  h.prout(1, removed, 0, 0, PrOutAction::kPreempt, key_of(1, 1), key_of(2, 2));
+  h.read(1, 1200ms);
+  return h;
+}
+
+TEST(CheckerR1, AStrayOutlivingTheBoundBesideAnOpenGateViolates) {
+  History h = stray_beside_a_holder(100ms, 1150ms);  // due by 1.1 s
+  EXPECT_TRUE(fires(h, {"R1"}, "outlived the stray bound"));
+}
+
+TEST(CheckerR1, AStrayRemovedWithinTheBoundIsNoViolation) {
+  History h = stray_beside_a_holder(100ms, 1000ms);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+// The bound runs from the quiet phase's start (faults before it may keep the monitor's commands
+// from being answered), not from the registration, and a run without a bound (shared mode,
+// hand-built runs) is not judged.
+TEST(CheckerR1, TheBoundRunsFromTheQuietPhaseAndOnlyWhenSet) {
+  History late = stray_beside_a_holder(200ms, 1150ms);  // due by 1.2 s
+  EXPECT_TRUE(fires(late, {}));
+  History unbounded = stray_beside_a_holder(100ms, 1150ms);
+  unbounded.run().stray_bound = Time{0};
+  EXPECT_TRUE(fires(unbounded, {}));
 }
 
 // --- S1: no write of a fenced epoch lands ---

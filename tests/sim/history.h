@@ -150,6 +150,8 @@ struct Run {
   Time check_interval{0};
   Time lease{0};
   Time command_timeout{0};
+  // Exclusive mode: fence::stray_bound() of the run's configuration; zero: R1 is not judged.
+  Time stray_bound{0};
   Time end{0};
   std::map<transport::NexusId, std::uint16_t> node_of_nexus;
   std::vector<Command> commands;

@@ -102,7 +102,7 @@ bool parse_number(const char* text, std::uint64_t& out) {
 // "S2" or "S1,S5": the properties a mutant is expected to break. The checker's own "checker"
 // verdict (an inconsistent record) is never one of them.
 bool parse_properties(const char* text, std::set<std::string>& out) {
-  static const std::set<std::string> kProperties{"S1", "S2", "S3", "S4", "S5", "C1", "L1"};
+  static const std::set<std::string> kProperties{"S1", "S2", "S3", "S4", "S5", "C1", "L1", "R1"};
   std::string_view rest = text;
   while (!rest.empty()) {
     const std::size_t comma = rest.find(',');
@@ -148,7 +148,7 @@ int usage(const char* program) {
   (void)std::fprintf(
       stderr,
       "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
-      "          [--verbose] [--expect-violation S1|...|S5|C1|L1[,...]] [--strict-epochs]\n"
+      "          [--verbose] [--expect-violation S1|...|S5|C1|L1|R1[,...]] [--strict-epochs]\n"
       "          [--min-activity] [--random-seeds COUNT] [--hotplug] [--shared] [--primary]\n"
       "          [--waive S3[,...]] [--preempt plain|abort] [--strict-s1]\n",
       program);

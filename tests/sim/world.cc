@@ -74,6 +74,7 @@ World::World(const Cli& cli, std::uint64_t seed)
       shared_rng_(mix(seed, 0, 0, 0x53)),
       primary_rng_(mix(seed, 0, 0, 0x70)),
       cancel_rng_(mix(seed, 0, 0, 0x43)),
+      crash_rng_(mix(seed, 0, 0, 0x4b)),
       config_(draw_config(plan_rng_, cli)) {
   // Shared mode (with --shared, in half the seeds), from its own stream so that the rest of the
   // scenario is the same with or without it. LIO's PREEMPT AND ABORT aborts the commands that were
@@ -119,6 +120,12 @@ World::World(const Cli& cli, std::uint64_t seed)
   plan();
   record_.mode = config_.shared || config_.primary ? fence::Mode::kShared : fence::Mode::kExclusive;
   record_.primary = config_.primary;
+  // Exclusive mode: every stray registration goes within this bound of the later of its
+  // registration and the holder's gate opening (docs/protocol.md, "Stray registrations"). The
+  // checker judges it in the quiet phase (checker.cc, R1).
+  if (!config_.shared && !config_.primary) {
+    record_.stray_bound = fence::stray_bound(nodes_.front()->options(), config_.command_timeout);
+  }
 }
 
 World::~World() {
@@ -217,6 +224,17 @@ void World::plan() {
     action.lus.push_back(static_cast<LuId>(paths.below(config_.lus)));
     action.add = paths.chance(1, 2);
     actions_.push_back(action);
+    // A third of the new paths race another node's acquire, at the same instant or within a round
+    // trip: its PREEMPT meets the new path's REGISTER AND IGNORE EXISTING KEY (docs/protocol.md,
+    // "Paths that come and go").
+    if (action.add && paths.chance(1, 3)) {
+      Action other = action;
+      other.kind = Action::Kind::kAcquire;
+      other.lus.clear();
+      other.node = (action.node + 1 + paths.below(n - 1)) % n;
+      other.at += paths.time_between(Time{0}, 2 * config_.latency_max);
+      actions_.push_back(other);
+    }
   }
   // Shared mode (drawn in the constructor): every planned acquire is an unfence, and every 1-6 s a
   // node fences another (refused unless it is unfenced), drawn from the shared stream.
@@ -317,7 +335,10 @@ void World::enter_quiet() {
       node->boot();
     }
   }
-  final_acquire_at_ = now() + config_.lease + config_.check_interval;
+  // In exclusive mode the final acquire waits until the holder had the time to remove every stray
+  // (stray_bound), so that the checker's R1 judges the monitor's removals, not the acquire's.
+  final_acquire_at_ =
+      now() + std::max<Time>(config_.lease, record_.stray_bound) + config_.check_interval;
 }
 
 void World::final_acquire() {
@@ -478,10 +499,19 @@ std::vector<Violation> World::run() {
       nodes_[n]->writer_step((polled[2 * n + 1].revents & POLLIN) != 0);
     }
     for (Node* node : pause_requests_) {
-      if (node->running()) {
-        node->pause(now() + runtime_rng_.time_between(config_.lease / 2, 3 * config_.lease),
-                    runtime_rng_.chance(1, 2));
+      if (!node->running()) {
+        continue;
       }
+      // A quarter of them die there instead, between their REGISTERs and their take (drawn from
+      // a stream of its own): the new key stays registered beside the holder's, a stray that
+      // outranks it, until the holder removes it (docs/protocol.md, "Stray registrations").
+      if (crash_rng_.chance(1, 4)) {
+        node->crash();
+        node->schedule_boot(now() + crash_rng_.time_between(Time{0}, seconds(2)));
+        continue;
+      }
+      node->pause(now() + runtime_rng_.time_between(config_.lease / 2, 3 * config_.lease),
+                  runtime_rng_.chance(1, 2));
     }
     pause_requests_.clear();
     if (settled()) {

@@ -276,6 +276,7 @@ class World {
   Rng shared_rng_;
   Rng primary_rng_;
   Rng cancel_rng_;
+  Rng crash_rng_;
   Config config_;
   transport::SimClock clock_;
   transport::SimTarget target_{clock_};
@@ -357,8 +358,10 @@ class Node final : public fence::Observer {
   std::uint64_t writes_landed = 0;
   std::uint64_t writes_refused = 0;
 
- private:
+  // The resource's options, as every daemon of this node builds them.
   fence::ResourceOptions options() const;
+
+ private:
   bool refused_while_busy(const std::string& why);
   fence::Resource::Done op_done(const std::string& why, const std::string& done);
 
