@@ -151,6 +151,7 @@ class RecordingTransport final : public transport::Transport {
   Result<void> submit(PathId path, transport::Command command) override;
   Result<std::size_t> reap(milliseconds wait, std::vector<transport::Completion>& out) override;
   std::size_t in_flight() const override { return inner_->in_flight(); }
+  std::optional<std::size_t> unreturned() const override { return inner_->unreturned(); }
   int poll_fd() const override { return inner_->poll_fd(); }
   std::string_view name() const override { return "recording sim"; }
 

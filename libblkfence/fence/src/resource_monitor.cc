@@ -15,6 +15,7 @@
 namespace blkfence::fence {
 
 void Resource::on_time(Time now) {
+  end_waits_for_returned_commands(now);
   if (gate_open_ && last_success_ && now - *last_success_ >= options_.lease && !mutant::kNoLease) {
     // Fail closed: the storage may have moved on without us being able to see it.
     ++counters_.lost_contact;
@@ -46,9 +47,36 @@ std::optional<Time> Resource::next_wake() const {
     wake = wake ? std::min(*wake, expiry) : expiry;
   }
   if (settling_) {
-    wake = wake ? std::min(*wake, settling_->first) : settling_->first;
+    // Until its horizon, and every check_interval, to see whether the transport got every command
+    // back (end_waits_for_returned_commands).
+    const Time look = std::min(settling_->first, settle_look_);
+    wake = wake ? std::min(*wake, look) : look;
   }
   return wake;
+}
+
+// A command of ours that timed out may still execute at the target until the kernel gives it back
+// (answered, or aborted by the midlayer's error handling). The waits for that moment (a failed
+// acquire's leftover key, primary mode's next unfence or promote) run to the fixed horizon,
+// late_execution_horizon(), only where the transport cannot tell; where it can, they end at the
+// first look (an operation's start, a monitor round, or every check_interval while an unfence or
+// promote waits) after it holds nothing it reported indeterminate (Transport::unreturned()).
+void Resource::end_waits_for_returned_commands(Time now) {
+  if (settling_ && settle_look_ <= now) {
+    settle_look_ = now + options_.check_interval;
+  }
+  if (engine_.transport().unreturned() != std::optional<std::size_t>(0)) {
+    return;
+  }
+  if (leftover_) {
+    leftover_->after = std::min(leftover_->after, now);
+  }
+  if (registers_settle_) {
+    registers_settle_ = std::min(*registers_settle_, now);
+  }
+  if (settling_) {
+    settling_->first = std::min(settling_->first, now);
+  }
 }
 
 void Resource::check(Time now) {
@@ -364,6 +392,7 @@ void Resource::after_monitor_prouts(Time now, std::function<void(Time)> step) {
 // once such a command can no longer execute. (Shared mode's members register one key, epoch 0,
 // every time: a late REGISTER of it changes nothing.)
 void Resource::after_registers_settle(Time now, std::function<void(Time)> step) {
+  end_waits_for_returned_commands(now);
   if (!options_.primary || !registers_settle_ || *registers_settle_ <= now) {
     registers_settle_.reset();
     step(now);
@@ -372,12 +401,13 @@ void Resource::after_registers_settle(Time now, std::function<void(Time)> step) 
   BLKFENCE_ASSERT(!settling_);
   detail_ = "waiting until a REGISTER of ours that timed out can no longer execute";
   settling_.emplace(*registers_settle_, std::move(step));
+  settle_look_ = now + options_.check_interval;
 }
 
 void Resource::note_late_registers(const std::vector<pr::Response>& responses, Time at) {
   for (const pr::Response& response : responses) {
     if (!response.data && response.data.error().code() == ErrorCode::kIndeterminate) {
-      const Time settles = at + late_execution_horizon();
+      const Time settles = late_execution_end(at);
       registers_settle_ = registers_settle_ ? std::max(*registers_settle_, settles) : settles;
     }
   }

@@ -172,6 +172,7 @@ TEST_F(SimTransportTest, ALostAnswerIsIndeterminateButTheCommandExecuted) {
   EXPECT_EQ(done.outcome, Outcome::kIndeterminate);
   EXPECT_EQ(done.latency, kTimeout);
   EXPECT_EQ(target.registrations(lu), (std::vector<SimRegistration>{{kA, kKeyA, false}}));
+  EXPECT_EQ(transport->unreturned(), std::optional<std::size_t>(0)) << "it ran: nothing can run";
 }
 
 TEST_F(SimTransportTest, ALostCommandIsIndeterminateAndNeverExecutes) {
@@ -188,6 +189,7 @@ TEST_F(SimTransportTest, ALostCommandIsIndeterminateAndNeverExecutes) {
       run_one(*transport, path, tagged(prout_command(codec::prout_register_and_ignore(kKeyA)), 3));
   EXPECT_EQ(done.outcome, Outcome::kIndeterminate);
   EXPECT_EQ(done.latency, kTimeout + milliseconds(20));  // the timeout plus the grace
+  EXPECT_EQ(transport->unreturned(), std::optional<std::size_t>(0)) << "lost: it cannot run";
   clock.advance(std::chrono::hours(1));
   EXPECT_TRUE(target.registrations(lu).empty());
   EXPECT_TRUE(target.history().prouts.empty());
@@ -216,7 +218,9 @@ TEST_F(SimTransportTest, ALateCommandExecutesAfterItsCallerGaveUp) {
     EXPECT_EQ(local_clock.now(), kTimeout);
     EXPECT_TRUE(local.registrations(id).empty());
     EXPECT_EQ(local.held_count(id), held_in_target ? 1U : 0U);
+    EXPECT_EQ(transport->unreturned(), std::optional<std::size_t>(1)) << "it may still run";
     local_clock.advance(milliseconds(1000));
+    EXPECT_EQ(transport->unreturned(), std::optional<std::size_t>(0)) << "it ran";
     EXPECT_EQ(local.registrations(id).size(), 1U);
     ASSERT_EQ(local.history().prouts.size(), 1U);
     EXPECT_GT(local.history().prouts[0].at, milliseconds(500));

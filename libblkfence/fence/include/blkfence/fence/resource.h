@@ -253,6 +253,7 @@ class Resource {
   void note_uncertain(const std::vector<pr::Response>& responses,
                       const std::vector<std::size_t>& lu_of);
   Time late_execution_horizon() const;
+  Time late_execution_end(Time at) const;
   codec::PrOutCommand take_command(Key key, std::uint64_t victim) const;
 
   // resource_shared.cc: shared mode.
@@ -293,6 +294,7 @@ class Resource {
   // Runs step once no PR OUT the monitor sent is in flight (at once when none is).
   void after_monitor_prouts(Time now, std::function<void(Time)> step);
   void after_registers_settle(Time now, std::function<void(Time)> step);
+  void end_waits_for_returned_commands(Time now);
   void note_late_registers(const std::vector<pr::Response>& responses, Time at);
   void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
               Time now);
@@ -360,6 +362,7 @@ class Resource {
   // step of an unfence or promote waiting for that moment (after_registers_settle).
   std::optional<Time> registers_settle_;
   std::optional<std::pair<Time, std::function<void(Time)>>> settling_;
+  Time settle_look_{0};  // while settling_: when to look again whether the transport got them back
   Counters counters_;
 };
 
