@@ -85,7 +85,7 @@ constexpr std::array<Choice<Mode>, 3> kModes{{
     {"shared", Mode::kShared},
     {"primary", Mode::kPrimary},
 }};
-// preempt: whether a takeover uses PREEMPT AND ABORT.
+// preempt: whether a takeover uses PREEMPT AND ABORT (the default, config.h).
 constexpr std::array<Choice<bool>, 2> kPreempts{{
     {"preempt", false},
     {"preempt-and-abort", true},

@@ -42,7 +42,9 @@ struct ResourceConfig {
       devices;  // WWNs ("naa." and lower-case hex, "eui.", "t10.") or /dev paths
   Mode mode = Mode::kExclusive;
   codec::PrType type = codec::PrType::kWriteExclusiveRegistrantsOnly;
-  bool preempt_abort = false;  // PREEMPT AND ABORT instead of PREEMPT
+  // PREEMPT AND ABORT (the default, as fence_scsi) or plain PREEMPT, whose victim's queued writes
+  // may still execute after the preempt (docs/protocol.md, S1).
+  bool preempt_abort = true;
   std::chrono::milliseconds check_interval{1000};
   std::chrono::milliseconds lease{5000};  // > check_interval
   int keys_every = 4;                     // READ KEYS every N monitor rounds, 1..1000

@@ -77,7 +77,7 @@ TEST(Config, ExampleFileParsesAndSaysWhatItShows) {
                                       "/dev/disk/by-id/wwn-0x6001405a1b2c3d4e5f60718293a4b5c6"}));
   EXPECT_EQ(pgdata.mode, Mode::kExclusive);
   EXPECT_EQ(pgdata.type, codec::PrType::kWriteExclusiveRegistrantsOnly);
-  EXPECT_FALSE(pgdata.preempt_abort);
+  EXPECT_TRUE(pgdata.preempt_abort);
   EXPECT_EQ(pgdata.check_interval, milliseconds(1000));
   EXPECT_EQ(pgdata.lease, milliseconds(5000));
   EXPECT_EQ(pgdata.keys_every, 4);
@@ -126,7 +126,7 @@ TEST(Config, MinimalConfigGetsTheDocumentedDefaults) {
   const ResourceConfig& r = config.resources[0];
   EXPECT_EQ(r.mode, Mode::kExclusive);
   EXPECT_EQ(r.type, codec::PrType::kWriteExclusiveRegistrantsOnly);
-  EXPECT_FALSE(r.preempt_abort);
+  EXPECT_TRUE(r.preempt_abort);  // as fence_scsi: queued writes of the victim are aborted
   EXPECT_EQ(r.check_interval, milliseconds(1000));
   EXPECT_EQ(r.lease, milliseconds(5000));
   EXPECT_EQ(r.keys_every, 4);
@@ -374,6 +374,8 @@ TEST(Config, ModeTypePreempt) {
   EXPECT_EQ(shared.mode, Mode::kShared);
   EXPECT_EQ(shared.type, codec::PrType::kExclusiveAccessAllRegistrants);
   EXPECT_TRUE(shared.preempt_abort);
+  // Plain PREEMPT is an explicit choice (for targets that mishandle PREEMPT AND ABORT).
+  EXPECT_FALSE(first_resource(with_resource("preempt = \"preempt\"\n")).preempt_abort);
   const std::pair<const char*, codec::PrType> types[] = {
       {"write-exclusive", codec::PrType::kWriteExclusive},
       {"exclusive-access", codec::PrType::kExclusiveAccess},

@@ -303,6 +303,12 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // lands on L, whether it was on the wire, held in the target's task set (PREEMPT AND ABORT must
 // abort it) or sent later by a writer that did not know yet.
 //
+// Plain PREEMPT (run.preempt_abort false) does not abort the victim's task set, so S1 as stated
+// holds only with PREEMPT AND ABORT (docs/protocol.md). With plain PREEMPT the checker asserts the
+// property that remains: no W that the target accepted (passed its checks) after P lands; a W
+// accepted before P (write.accepted_sequence <= s_P) and landing after it is excused and reported
+// apart (held_across_plain_preempt). run.strict_s1 judges plain runs by S1 as stated.
+//
 // One window is open, and excused (docs/protocol.md, "Paths that come and go"): SPC-4 has no
 // conditional registration, so a new path's REGISTER AND IGNORE EXISTING KEY that V sent while its
 // reads showed K_V current may execute just after P removed K_V. The new nexus then carries K_V,
@@ -443,7 +449,11 @@ bool forgotten_since(const Run& run, const Replay& replayed, const PrOutRecord& 
       });
 }
 
-void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& violations) {
+// check_s1 puts the violations in `violations` and, under plain PREEMPT, the landings of writes
+// held across the preempt in `held` (see above).
+void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& violations,
+              std::vector<Violation>& held) {
+  const bool plain = !run.preempt_abort && !run.strict_s1;
   // (LU, victim node) -> the fencing removals, in target order.
   std::map<std::uint64_t, Time> opened;  // keys that opened a gate, and when they first did
   for (const Entry& entry : run.trace) {
@@ -500,17 +510,19 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second) &&
           !forgotten_since(run, replayed, *removal->record, write)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);
-        violations.push_back(
-            {"S1",
-             "a write of node " + std::to_string(issue->second.node) + " stamped epoch " +
-                 std::to_string(issue->second.epoch()) + " landed on LU " +
-                 std::to_string(write.lu) + " after node " +
-                 std::to_string(node_of(run, removal->record->nexus)) + " removed its key " +
-                 format_key(removal->key) + " there" +
-                 (holder ? "; the LU was reserved by " + format_key(*holder)
-                         : "; the LU had no reservation any more"),
-             {"removed by: " + describe(run, *removal->record),
-              "issued:     " + describe(issue->second), "landed:     " + describe(run, write)}});
+        const bool held_across = plain && write.accepted_sequence <= removal->record->sequence;
+        (held_across ? held : violations)
+            .push_back({"S1",
+                        "a write of node " + std::to_string(issue->second.node) +
+                            " stamped epoch " + std::to_string(issue->second.epoch()) +
+                            " landed on LU " + std::to_string(write.lu) + " after node " +
+                            std::to_string(node_of(run, removal->record->nexus)) +
+                            " removed its key " + format_key(removal->key) + " there" +
+                            (holder ? "; the LU was reserved by " + format_key(*holder)
+                                    : "; the LU had no reservation any more"),
+                        {"removed by: " + describe(run, *removal->record),
+                         "issued:     " + describe(issue->second),
+                         "landed:     " + describe(run, write)}});
         break;
       }
     }
@@ -1341,6 +1353,117 @@ void check_c1(const Run& run, const Steps& steps, std::vector<Violation>& violat
   }
 }
 
+// R1 (stray registrations, docs/protocol.md): in exclusive mode, while a holder's monitor runs, no
+// registration of the cluster but the holder's key outlives run.stray_bound. Judged in the quiet
+// phase, where no fault keeps the monitor's commands from being answered: let G be a span in which
+// node H's gate is open with key K_H (from its opening to its closing, or the run's end), and S a
+// registration on LU L of a nexus with a key K != K_H (from the PR OUT that registered it to the
+// one that removed it or replaced its key, or the run's end). With t0 the latest of S's
+// registration, G's opening and the quiet phase's start, and d = t0 + run.stray_bound: if G is
+// still open at d, K_H holds L at d, and S still exists at d, that is a violation.
+void check_r1(const Run& run, std::vector<Violation>& violations) {
+  if (run.stray_bound == Time{0} || shared(run)) {
+    return;
+  }
+  const auto quiet = std::find_if(run.trace.begin(), run.trace.end(), [](const Entry& entry) {
+    return entry.kind == EntryKind::kQuiet;
+  });
+  if (quiet == run.trace.end()) {
+    return;
+  }
+  struct Span {
+    std::uint16_t node = 0;
+    std::uint64_t key = 0;
+    Time from{0};
+    Time to{0};
+  };
+  std::vector<Span> gates;
+  std::map<std::uint16_t, std::size_t> open;  // node -> its open span in gates
+  for (const Entry& entry : run.trace) {
+    if (entry.kind != EntryKind::kGate) {
+      continue;
+    }
+    if (const auto it = open.find(entry.node); it != open.end()) {
+      gates[it->second].to = entry.at;
+      open.erase(it);
+    }
+    if (entry.open && entry.key) {
+      open[entry.node] = gates.size();
+      gates.push_back({entry.node, *entry.key, entry.at, run.end});
+    }
+  }
+  struct Registration {
+    transport::LuId lu = 0;
+    transport::NexusId nexus = 0;
+    std::uint64_t key = 0;
+    const PrOutRecord* by = nullptr;
+    Time to{0};
+  };
+  std::vector<Registration> registrations;
+  std::map<std::pair<transport::LuId, transport::NexusId>, std::size_t> live;
+  const auto end_of = [&](transport::LuId lu, transport::NexusId nexus, Time at) {
+    if (const auto it = live.find({lu, nexus}); it != live.end()) {
+      registrations[it->second].to = at;
+      live.erase(it);
+    }
+  };
+  for (const PrOutRecord& record : run.target->prouts) {
+    for (const transport::NexusId nexus : record.unregistered) {
+      end_of(record.lu, nexus, record.at);
+    }
+    const bool registration =
+        record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
+        record.service_action ==
+            static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+    if (registration && record.outcome.status == 0 && record.sa_key != 0) {
+      const auto it = live.find({record.lu, record.nexus});
+      if (it != live.end() && registrations[it->second].key == record.sa_key) {
+        continue;  // the same key again: the same registration
+      }
+      end_of(record.lu, record.nexus, record.at);
+      live[{record.lu, record.nexus}] = registrations.size();
+      registrations.push_back({record.lu, record.nexus, record.sa_key, &record, run.end});
+    }
+  }
+  // The holder of a LU at a moment: the reservation after the last PR OUT there at or before it.
+  const auto holder_at = [&run](transport::LuId lu, Time at) {
+    std::optional<std::uint64_t> holder;
+    for (const PrOutRecord& record : run.target->prouts) {
+      if (record.at > at) {
+        break;
+      }
+      if (record.lu == lu) {
+        holder = record.reservation ? std::optional(record.reservation->key) : std::nullopt;
+      }
+    }
+    return holder;
+  };
+  for (const Span& gate : gates) {
+    for (const Registration& stray : registrations) {
+      if (stray.key == gate.key || cluster_of_key(stray.key) != run.cluster_id) {
+        continue;
+      }
+      const Time t0 = std::max({stray.by->at, gate.from, quiet->at});
+      const Time deadline = t0 + run.stray_bound;
+      if (gate.to <= deadline || stray.to <= deadline ||
+          holder_at(stray.lu, deadline) != gate.key) {
+        continue;
+      }
+      violations.push_back(
+          {"R1",
+           "a registration of " + format_key(stray.key) + " on LU " + std::to_string(stray.lu) +
+               " outlived the stray bound (" + format_time(run.stray_bound) + ") beside holder " +
+               format_key(gate.key) + " of node " + std::to_string(gate.node) +
+               ", whose gate stayed open",
+           {"registered: " + describe(run, *stray.by),
+            "gate open:  " + format_time(gate.from) + " node " + std::to_string(gate.node) +
+                " with " + format_key(gate.key),
+            "deadline:   " + format_time(deadline) + ", still registered" +
+                (stray.to < run.end ? " until " + format_time(stray.to) : " at the end")}});
+    }
+  }
+}
+
 // L1 (liveness, beyond S1-S5): the acquire (in shared mode the unfence) the driver makes in the
 // quiet phase, with no faults, every link up and every daemon running, succeeds.
 void check_l1(const Run& run, std::vector<Violation>& violations) {
@@ -1518,7 +1641,8 @@ std::vector<std::string> timeline(const Run& run) {
 std::vector<Violation> check(const Run& run) {
   std::vector<Violation> violations;
   const Replay replayed = replay(run, violations);
-  check_s1(run, replayed, violations);
+  std::vector<Violation> held;
+  check_s1(run, replayed, violations, held);
   check_s2(run, replayed, violations);
   check_s2_continuous(run, violations);
   Steps steps;
@@ -1530,7 +1654,16 @@ std::vector<Violation> check(const Run& run) {
   check_s5(run, steps, violations);
   check_c1(run, steps, violations);
   check_l1(run, violations);
+  check_r1(run, violations);
   return violations;
+}
+
+std::vector<Violation> held_across_plain_preempt(const Run& run) {
+  std::vector<Violation> ignored;
+  std::vector<Violation> held;
+  const Replay replayed = replay(run, ignored);
+  check_s1(run, replayed, ignored, held);
+  return held;
 }
 
 }  // namespace blkfence::sim

@@ -20,6 +20,13 @@ struct Violation {
 // The violations of the run.
 std::vector<Violation> check(const Run& run);
 
+// Under plain PREEMPT (Run::preempt_abort false, Run::strict_s1 false): the landings S1 excuses
+// because the target accepted the write before the PREEMPT and executed it after (PREEMPT leaves
+// the task set alone, SPC-4 5.13.11.2.4), one per write, as "S1" would report them. S1 as
+// docs/protocol.md states it holds only with PREEMPT AND ABORT; these are what plain PREEMPT
+// gives up. Empty under PREEMPT AND ABORT and with strict_s1 (check() reports them then).
+std::vector<Violation> held_across_plain_preempt(const Run& run);
+
 // "12.345678s"
 std::string format_time(Time time);
 // "0x6c9d000100000007 (n1 e7)"

@@ -96,6 +96,10 @@
 //                             CheckerS5.RegisteringANewPathWithAnotherKeyThanTheOpenGatesViolates
 //     no open-gate exception  CheckerS5.RegisteringANewPathWithTheHeldVerifiedKeyIsNoViolation
 //   check_l1                  CheckerL1.AFailedFinalAcquireViolates
+//   check_r1 (its only report CheckerR1.AStrayOutlivingTheBoundBesideAnOpenGateViolates
+//     of R1)
+//     the bound from the      CheckerR1.TheBoundRunsFromTheQuietPhaseAndOnlyWhenSet (tried on
+//     registration alone      this change's checker)
 //   replay: final keys        CheckerRecord.FinalRegistrationsThatDifferFromTheReplayAreReported
 //   replay: final holder      CheckerRecord.AFinalHolderThatDiffersFromTheReplayIsReported
 //   replay: lost registration CheckerRecord.ARemovalOfARegistrationTheRecordNeverMadeIsReported
@@ -445,6 +449,19 @@ class History {
     const WriteIssue& issue = run_.writes.at(id);
     land(id, issue.lu, issue.nexus, at);
   }
+  // Write `id` passes the target's checks now and is held in the task set, to land later with
+  // land_held_write().
+  void accept_write(std::uint64_t id, Time at) {
+    accepted_[id] = {at, target_seq_ + 1};
+    note(at);
+  }
+  void land_held_write(std::uint64_t id, Time at) {
+    const WriteIssue& issue = run_.writes.at(id);
+    const auto [accepted_at, accepted_sequence] = accepted_.at(id);
+    land(id, issue.lu, issue.nexus, at);
+    target_->writes.back().accepted_at = accepted_at;
+    target_->writes.back().accepted_sequence = accepted_sequence;
+  }
   // A write lands that no writer issued (its LBA is no write id).
   void land_unissued_write(std::uint64_t lba, LuId lu, NexusId nexus, Time at) {
     land(lba, lu, nexus, at);
@@ -666,6 +683,7 @@ class History {
     record.lba = lba;
     record.blocks = 1;
     record.landed = true;
+    record.accepted_sequence = record.sequence;
     target_->writes.push_back(record);
     note(at);
   }
@@ -675,6 +693,7 @@ class History {
   std::vector<Lu> lus_;
   std::map<std::uint16_t, NodeState> nodes_;
   std::map<std::size_t, std::vector<std::uint8_t>> data_in_;
+  std::map<std::uint64_t, std::pair<Time, std::uint64_t>> accepted_;  // held writes, by id
   std::uint64_t seq_ = 0;
   std::uint64_t requests_ = 0;  // the engine's request serials, one per new command
   std::uint64_t target_seq_ = 0;
@@ -908,6 +927,44 @@ TEST(CheckerHistory, ACleanTakeoverBreaksNothing) {
   }
 }
 
+// --- R1: no stray registration outlives the bound beside a holder ---
+
+// Node 1 holds epoch 1 from 14 ms; node 2's acquire registers epoch 2 at 42 ms and its daemon dies
+// before its take (the key outranks the holder's); the quiet phase starts at `quiet`; the stray
+// bound is 1 s; node 1's monitor preempts the stray at `removed`.
+History stray_beside_a_holder(Time quiet, Time removed) {
+  History h = two_nodes(1);
+  h.run().stray_bound = 1s;
+  acquire(h, 1, 10ms, key_of(1, 1));
+  begin_acquire(h, 2, 40ms, key_of(2, 2));
+  h.crash(2, 45ms);
+  h.quiet(quiet);
+  h.prout(1, removed, 0, 0, PrOutAction::kPreempt, key_of(1, 1), key_of(2, 2));
+  h.read(1, 1200ms);
+  return h;
+}
+
+TEST(CheckerR1, AStrayOutlivingTheBoundBesideAnOpenGateViolates) {
+  History h = stray_beside_a_holder(100ms, 1150ms);  // due by 1.1 s
+  EXPECT_TRUE(fires(h, {"R1"}, "outlived the stray bound"));
+}
+
+TEST(CheckerR1, AStrayRemovedWithinTheBoundIsNoViolation) {
+  History h = stray_beside_a_holder(100ms, 1000ms);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+// The bound runs from the quiet phase's start (faults before it may keep the monitor's commands
+// from being answered), not from the registration, and a run without a bound (shared mode,
+// hand-built runs) is not judged.
+TEST(CheckerR1, TheBoundRunsFromTheQuietPhaseAndOnlyWhenSet) {
+  History late = stray_beside_a_holder(200ms, 1150ms);  // due by 1.2 s
+  EXPECT_TRUE(fires(late, {}));
+  History unbounded = stray_beside_a_holder(100ms, 1150ms);
+  unbounded.run().stray_bound = Time{0};
+  EXPECT_TRUE(fires(unbounded, {}));
+}
+
 // --- S1: no write of a fenced epoch lands ---
 
 // Node 1 holds epoch 1 and writes (id 10) to LU 0 at 50 ms; node 2 takes over with epoch 2 from
@@ -981,6 +1038,44 @@ TEST(CheckerS1, TheHoldersWriteAfterAForgetfulPowerCycleIsNoViolation) {
   h.land_write(10, 60ms);
   fenced(h, 1, 200ms);
   EXPECT_TRUE(fires(h, {}));
+}
+
+// Node 1 holds epoch 1; its write (id 10) passes the target's checks at 60 ms and is held in the
+// task set; node 2 takes over with epoch 2 (PREEMPT at 103 ms); the held write executes at 104 ms.
+// With PREEMPT AND ABORT the target aborts it, so its landing breaks S1; with plain PREEMPT it
+// lands (SPC-4 5.13.11.2.4), which S1 as stated forbids too but plain PREEMPT cannot prevent.
+History write_held_across_a_preempt(bool preempt_abort) {
+  History h = two_nodes(1);
+  h.run().preempt_abort = preempt_abort;
+  acquire(h, 1, 10ms, key_of(1, 1));
+  h.issue_write(10, 1, 0, 50ms);
+  h.accept_write(10, 60ms);
+  begin_acquire(h, 2, 100ms, key_of(2, 2));
+  take(h, 2, 103ms, key_of(2, 2));
+  h.land_held_write(10, 104ms);
+  finish_acquire(h, 2, 105ms);
+  fenced(h, 1, 200ms);
+  return h;
+}
+
+TEST(CheckerS1, AWriteHeldAcrossPreemptAndAbortLandingViolates) {
+  History h = write_held_across_a_preempt(true);
+  EXPECT_TRUE(fires(h, {"S1"}, "stamped epoch 1 landed on LU 0"));
+  EXPECT_TRUE(held_across_plain_preempt(h.finish()).empty());
+}
+
+// Plain PREEMPT: the held write's landing is reported apart (what plain PREEMPT gives up), not as
+// a violation; with --strict-s1 it is S1. A write the target accepted after the plain PREEMPT is
+// still S1 (FencedEpochLandingAfterThePreemptViolates runs with plain PREEMPT).
+TEST(CheckerS1, AWriteHeldAcrossAPlainPreemptIsReportedApartFromS1) {
+  History h = write_held_across_a_preempt(false);
+  EXPECT_TRUE(fires(h, {}));
+  const std::vector<Violation> held = held_across_plain_preempt(h.finish());
+  ASSERT_EQ(held.size(), 1U);
+  EXPECT_NE(held[0].what.find("stamped epoch 1 landed on LU 0"), std::string::npos);
+  h.run().strict_s1 = true;
+  EXPECT_TRUE(fires(h, {"S1"}, "stamped epoch 1 landed on LU 0"));
+  EXPECT_TRUE(held_across_plain_preempt(h.finish()).empty());
 }
 
 // Per LU: the write lands on LU 1 after node 2's preempt there, although LU 0 was taken first.

@@ -142,12 +142,17 @@ struct Run {
   std::uint16_t cluster_id = 0;
   std::size_t lus = 0;
   bool preempt_abort = false;
+  // S1 judged as docs/protocol.md states it in plain PREEMPT runs too: a write held in the task set
+  // across the preempt is a violation, not the documented weakness of plain PREEMPT.
+  bool strict_s1 = false;
   bool strict_epochs = false;  // also check that fresh acquisitions of all nodes increase
   fence::Mode mode = fence::Mode::kExclusive;  // every node's (shared: unfence and fence_node)
   bool primary = false;  // shared mode with ResourceOptions::primary: unfence joins, promote holds
   Time check_interval{0};
   Time lease{0};
   Time command_timeout{0};
+  // Exclusive mode: fence::stray_bound() of the run's configuration; zero: R1 is not judged.
+  Time stray_bound{0};
   Time end{0};
   std::map<transport::NexusId, std::uint16_t> node_of_nexus;
   std::vector<Command> commands;

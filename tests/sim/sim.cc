@@ -57,6 +57,12 @@ std::string replay_command(const Cli& cli, std::uint64_t seed) {
   if (cli.primary) {
     text += " --primary";
   }
+  if (cli.preempt_abort) {
+    text += *cli.preempt_abort ? " --preempt abort" : " --preempt plain";
+  }
+  if (cli.strict_s1) {
+    text += " --strict-s1";
+  }
   return text + " --verbose";
 }
 
@@ -96,7 +102,7 @@ bool parse_number(const char* text, std::uint64_t& out) {
 // "S2" or "S1,S5": the properties a mutant is expected to break. The checker's own "checker"
 // verdict (an inconsistent record) is never one of them.
 bool parse_properties(const char* text, std::set<std::string>& out) {
-  static const std::set<std::string> kProperties{"S1", "S2", "S3", "S4", "S5", "C1", "L1"};
+  static const std::set<std::string> kProperties{"S1", "S2", "S3", "S4", "S5", "C1", "L1", "R1"};
   std::string_view rest = text;
   while (!rest.empty()) {
     const std::size_t comma = rest.find(',');
@@ -142,9 +148,9 @@ int usage(const char* program) {
   (void)std::fprintf(
       stderr,
       "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
-      "          [--verbose] [--expect-violation S1|...|S5|C1|L1[,...]] [--strict-epochs]\n"
+      "          [--verbose] [--expect-violation S1|...|S5|C1|L1|R1[,...]] [--strict-epochs]\n"
       "          [--min-activity] [--random-seeds COUNT] [--hotplug] [--shared] [--primary]\n"
-      "          [--waive S3[,...]]\n",
+      "          [--waive S3[,...]] [--preempt plain|abort] [--strict-s1]\n",
       program);
   return 2;
 }
@@ -175,6 +181,12 @@ int run_main(int argc, char** argv) {
       cli.shared = true;
     } else if (arg == "--primary") {
       cli.primary = true;
+    } else if (arg == "--preempt" && has_value &&
+               (std::string_view(argv[i + 1]) == "plain" ||
+                std::string_view(argv[i + 1]) == "abort")) {
+      cli.preempt_abort = std::string_view(argv[++i]) == "abort";
+    } else if (arg == "--strict-s1") {
+      cli.strict_s1 = true;
     } else if (arg == "--random-seeds" && has_value && parse_number(argv[++i], value)) {
       cli.random_seeds = value;
     } else if (arg == "--first" && has_value && parse_number(argv[++i], value)) {
@@ -284,14 +296,14 @@ int run_main(int argc, char** argv) {
       break;  // found what we came for
     }
   }
-  std::printf("blkfence_sim: seeds %" PRIu64 " (from %" PRIu64
-              "), simulated %.1f s, commands %" PRIu64 ", acquisitions %" PRIu64 ", fences %" PRIu64
-              ", lost contact %" PRIu64 ", writes landed %" PRIu64 " refused %" PRIu64
-              ", stray registrations %" PRIu64 ", violating seeds %" PRIu64 "\n",
-              total.seeds, first, static_cast<double>(total.simulated.count()) / 1e9,
-              total.commands, total.acquisitions, total.fences, total.lost_contacts,
-              total.writes_landed, total.writes_refused, total.stray_registrations,
-              total.violating_seeds);
+  std::printf(
+      "blkfence_sim: seeds %" PRIu64 " (from %" PRIu64 "), simulated %.1f s, commands %" PRIu64
+      ", acquisitions %" PRIu64 ", fences %" PRIu64 ", lost contact %" PRIu64
+      ", writes landed %" PRIu64 " refused %" PRIu64 ", stray registrations %" PRIu64
+      ", held writes landed after a plain PREEMPT %" PRIu64 ", violating seeds %" PRIu64 "\n",
+      total.seeds, first, static_cast<double>(total.simulated.count()) / 1e9, total.commands,
+      total.acquisitions, total.fences, total.lost_contacts, total.writes_landed,
+      total.writes_refused, total.stray_registrations, total.held_landings, total.violating_seeds);
   if (total.power_cycles > 0) {
     std::printf("blkfence_sim: LU power cycles %" PRIu64 ", PR state kept by APTPL in %" PRIu64
                 "\n",

@@ -26,6 +26,7 @@ Config draw_config(Rng& rng, const Cli& cli) {
     }
   }
   c.preempt_abort = rng.chance(1, 2);
+  c.preempt_abort = cli.preempt_abort.value_or(c.preempt_abort);
   const std::uint64_t check_ms = rng.between(100, 500);
   c.check_interval = milliseconds(check_ms);
   c.lease = c.check_interval * static_cast<std::int64_t>(rng.between(3, 5));
@@ -43,15 +44,15 @@ Config draw_config(Rng& rng, const Cli& cli) {
                                             .duplicate = rng.rate(10),
                                             .unit_attention = rng.rate(20),
                                             .delay_max = c.command_timeout * 3 / 2};
-  // Writes may be held in the target's task set only where PREEMPT AND ABORT clears it: under a
-  // plain PREEMPT a write held across the preempt lands after it (SPC-4 5.13.11.2.4, the hazard
-  // of S1 (docs/protocol.md) that the configuration choice is about), and no protocol can prevent
-  // it.
+  // Writes are held in the target's task set under either preempt: PREEMPT AND ABORT aborts them,
+  // while under a plain PREEMPT a write held across the preempt lands after it (SPC-4
+  // 5.13.11.2.4), the hazard the configuration choice is about, which no protocol can prevent:
+  // the checker reports those landings apart from S1 (checker.h, held_across_plain_preempt).
   c.writer_faults =
       transport::RandomFaults{.drop_request = rng.rate(10),
                               .drop_response = rng.rate(10),
                               .delay_response = rng.rate(20),
-                              .execute_late = c.preempt_abort ? rng.rate(50) : 0.0,
+                              .execute_late = rng.rate(50),
                               .duplicate = 0.0,
                               .unit_attention = rng.rate(10),
                               .delay_max = rng.time_between(milliseconds(1), c.check_interval)};
@@ -74,6 +75,7 @@ World::World(const Cli& cli, std::uint64_t seed)
       shared_rng_(mix(seed, 0, 0, 0x53)),
       primary_rng_(mix(seed, 0, 0, 0x70)),
       cancel_rng_(mix(seed, 0, 0, 0x43)),
+      crash_rng_(mix(seed, 0, 0, 0x4b)),
       config_(draw_config(plan_rng_, cli)) {
   // Shared mode (with --shared, in half the seeds), from its own stream so that the rest of the
   // scenario is the same with or without it. LIO's PREEMPT AND ABORT aborts the commands that were
@@ -101,6 +103,7 @@ World::World(const Cli& cli, std::uint64_t seed)
   record_.cluster_id = fence::cluster_id_from_name("sim");
   record_.lus = config_.lus;
   record_.preempt_abort = config_.preempt_abort;
+  record_.strict_s1 = cli.strict_s1;
   record_.strict_epochs = cli.strict_epochs;
   record_.check_interval = config_.check_interval;
   record_.lease = config_.lease;
@@ -118,6 +121,12 @@ World::World(const Cli& cli, std::uint64_t seed)
   plan();
   record_.mode = config_.shared || config_.primary ? fence::Mode::kShared : fence::Mode::kExclusive;
   record_.primary = config_.primary;
+  // Exclusive mode: every stray registration goes within this bound of the later of its
+  // registration and the holder's gate opening (docs/protocol.md, "Stray registrations"). The
+  // checker judges it in the quiet phase (checker.cc, R1).
+  if (!config_.shared && !config_.primary) {
+    record_.stray_bound = fence::stray_bound(nodes_.front()->options(), config_.command_timeout);
+  }
 }
 
 World::~World() {
@@ -216,6 +225,17 @@ void World::plan() {
     action.lus.push_back(static_cast<LuId>(paths.below(config_.lus)));
     action.add = paths.chance(1, 2);
     actions_.push_back(action);
+    // A third of the new paths race another node's acquire, at the same instant or within a round
+    // trip: its PREEMPT meets the new path's REGISTER AND IGNORE EXISTING KEY (docs/protocol.md,
+    // "Paths that come and go").
+    if (action.add && paths.chance(1, 3)) {
+      Action other = action;
+      other.kind = Action::Kind::kAcquire;
+      other.lus.clear();
+      other.node = (action.node + 1 + paths.below(n - 1)) % n;
+      other.at += paths.time_between(Time{0}, 2 * config_.latency_max);
+      actions_.push_back(other);
+    }
   }
   // A LU's power cycle, in one seed of five, once, from its own stream so that the rest of the
   // scenario is the same with or without it. The target keeps the PR state where APTPL is active
@@ -342,7 +362,10 @@ void World::enter_quiet() {
       node->boot();
     }
   }
-  final_acquire_at_ = now() + config_.lease + config_.check_interval;
+  // In exclusive mode the final acquire waits until the holder had the time to remove every stray
+  // (stray_bound), so that the checker's R1 judges the monitor's removals, not the acquire's.
+  final_acquire_at_ =
+      now() + std::max<Time>(config_.lease, record_.stray_bound) + config_.check_interval;
 }
 
 void World::final_acquire() {
@@ -503,10 +526,19 @@ std::vector<Violation> World::run() {
       nodes_[n]->writer_step((polled[2 * n + 1].revents & POLLIN) != 0);
     }
     for (Node* node : pause_requests_) {
-      if (node->running()) {
-        node->pause(now() + runtime_rng_.time_between(config_.lease / 2, 3 * config_.lease),
-                    runtime_rng_.chance(1, 2));
+      if (!node->running()) {
+        continue;
       }
+      // A quarter of them die there instead, between their REGISTERs and their take (drawn from
+      // a stream of its own): the new key stays registered beside the holder's, a stray that
+      // outranks it, until the holder removes it (docs/protocol.md, "Stray registrations").
+      if (crash_rng_.chance(1, 4)) {
+        node->crash();
+        node->schedule_boot(now() + crash_rng_.time_between(Time{0}, seconds(2)));
+        continue;
+      }
+      node->pause(now() + runtime_rng_.time_between(config_.lease / 2, 3 * config_.lease),
+                  runtime_rng_.chance(1, 2));
     }
     pause_requests_.clear();
     if (settled()) {
@@ -553,6 +585,13 @@ std::vector<Violation> World::run() {
   }
   auto checked = check(record_);
   violations.insert(violations.end(), checked.begin(), checked.end());
+  for (const Violation& held : held_across_plain_preempt(record_)) {
+    record_.notes.push_back("held across a plain PREEMPT (S1 holds only with PREEMPT AND ABORT): " +
+                            held.what);
+    for (const std::string& line : held.lines) {
+      record_.notes.push_back("    " + line);
+    }
+  }
   return violations;
 }
 
@@ -581,6 +620,9 @@ Stats World::stats() const {
       std::count_if(record_.notes.begin(), record_.notes.end(), [](const std::string& note) {
         return note.find("stray registration") != std::string::npos;
       }));
+  s.held_landings = static_cast<std::uint64_t>(std::count_if(
+      record_.notes.begin(), record_.notes.end(),
+      [](const std::string& note) { return note.starts_with("held across a plain PREEMPT"); }));
   for (const auto& node : nodes_) {
     s.writes_landed += node->writes_landed;
     s.writes_refused += node->writes_refused;

@@ -65,6 +65,11 @@ struct Cli {
   bool shared = false;
   // --primary: half the seeds run every node in primary mode (unfence to join, promote, release).
   bool primary = false;
+  // --preempt plain|abort: every seed takes over with PREEMPT, or with PREEMPT AND ABORT; nullopt:
+  // drawn per seed (the draw is made either way, so the rest of a seed's scenario stays the same).
+  std::optional<bool> preempt_abort;
+  // --strict-s1: plain PREEMPT seeds are judged by S1 as stated (Run::strict_s1).
+  bool strict_s1 = false;
   std::string program = "blkfence_sim";
 };
 
@@ -146,6 +151,7 @@ class RecordingTransport final : public transport::Transport {
   Result<void> submit(PathId path, transport::Command command) override;
   Result<std::size_t> reap(milliseconds wait, std::vector<transport::Completion>& out) override;
   std::size_t in_flight() const override { return inner_->in_flight(); }
+  std::optional<std::size_t> unreturned() const override { return inner_->unreturned(); }
   int poll_fd() const override { return inner_->poll_fd(); }
   std::string_view name() const override { return "recording sim"; }
 
@@ -169,6 +175,7 @@ struct Stats {
   std::uint64_t writes_landed = 0;
   std::uint64_t writes_refused = 0;
   std::uint64_t stray_registrations = 0;
+  std::uint64_t held_landings = 0;  // writes held across a plain PREEMPT that landed after it
   std::uint64_t violating_seeds = 0;
   std::uint64_t power_cycles = 0;
   std::uint64_t power_cycles_kept = 0;  // the PR state survived them (APTPL)
@@ -183,6 +190,7 @@ struct Stats {
     writes_landed += other.writes_landed;
     writes_refused += other.writes_refused;
     stray_registrations += other.stray_registrations;
+    held_landings += other.held_landings;
     violating_seeds += other.violating_seeds;
     power_cycles += other.power_cycles;
     power_cycles_kept += other.power_cycles_kept;
@@ -275,6 +283,7 @@ class World {
   Rng shared_rng_;
   Rng primary_rng_;
   Rng cancel_rng_;
+  Rng crash_rng_;
   Config config_;
   transport::SimClock clock_;
   transport::SimTarget target_{clock_};
@@ -358,8 +367,10 @@ class Node final : public fence::Observer {
   std::uint64_t writes_landed = 0;
   std::uint64_t writes_refused = 0;
 
- private:
+  // The resource's options, as every daemon of this node builds them.
   fence::ResourceOptions options() const;
+
+ private:
   bool refused_while_busy(const std::string& why);
   fence::Resource::Done op_done(const std::string& why, const std::string& done);
 

@@ -92,4 +92,13 @@ inline constexpr bool kPromoteSkipsVerify = true;
 inline constexpr bool kPromoteSkipsVerify = false;
 #endif
 
+// The holder's monitor leaves alone the keys of its cluster that outrank its own, as it once did
+// (R1): a node that died between its REGISTERs and its take keeps a registration, and so write
+// access, beside the holder until the next acquire.
+#ifdef BLKFENCE_MUTANT_STRAYS_ABOVE_LEFT
+inline constexpr bool kStraysAboveLeft = true;
+#else
+inline constexpr bool kStraysAboveLeft = false;
+#endif
+
 }  // namespace blkfence::fence::mutant

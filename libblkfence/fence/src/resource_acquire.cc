@@ -345,7 +345,7 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
     if (!left.empty()) {
       detail += "; " + key.to_string() + " is not taken back from " + left +
                 " until a command of ours that timed out can no longer execute";
-      leftover_ = Leftover{.key = key, .after = at + late_execution_horizon()};
+      leftover_ = Leftover{.key = key, .after = late_execution_end(at)};
     }
     if (auto given_up = give_up(key); !given_up) {
       detail += "; and storing the epoch failed (a restart could adopt " + key.to_string() +
@@ -365,7 +365,30 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
 }
 
 // How long after an acquire failed a PR OUT of it that timed out is assumed unable to execute any
-// more: the initiator aborts a timed-out command (SCSI error handling), so twice its timeout.
+// more: the initiator aborts a timed-out command (SCSI error handling), so twice its timeout. Only
+// the fallback where the transport cannot tell when the kernel gave the command back
+// (end_waits_for_returned_commands).
+Time acquire_window(const ResourceOptions& options, Time command_timeout) {
+  BLKFENCE_ASSERT(options.verify_rounds_max >= 1);
+  return (3 * options.verify_rounds_max + 3) * command_timeout;
+}
+
+Time stray_bound(const ResourceOptions& options, Time command_timeout) {
+  return acquire_window(options, command_timeout) +
+         (options.keys_every + 1) * Time(options.check_interval) + 3 * command_timeout;
+}
+
+// When a PR OUT of ours that timed out by `at` can no longer execute. Where the transport can tell
+// (Transport::unreturned()), once the kernel gave every such command back, however long that takes:
+// end_waits_for_returned_commands() ends the wait then, and meanwhile the holder's monitor removes
+// the key left beside its reservation as a stray (docs/protocol.md). Elsewhere at the horizon.
+Time Resource::late_execution_end(Time at) const {
+  if (engine_.transport().unreturned().has_value()) {
+    return Time::max();
+  }
+  return at + late_execution_horizon();
+}
+
 Time Resource::late_execution_horizon() const {
   return 2 * std::chrono::duration_cast<Time>(engine_.policy().command_timeout);
 }

@@ -369,9 +369,11 @@ TEST_F(ResourceTest, AFailedAcquireUnregistersWhereItCannotReadItsKeysBack) {
 // Where a PREEMPT of a failed acquire timed out, the key is not unregistered at once: had the
 // PREEMPT executed first, the unregister would drop the reservation (S1). Here every PREEMPT of
 // A's on LU 0 is lost on the way, so the acquire gives up with B holding LU 0 and A holding the
-// others: A's key stays registered on LU 0 until the late-execution horizon has passed, then A's
+// others: A's key stays registered on LU 0 until the transport has every command it reported
+// indeterminate back (a lost request cannot execute any more), which it knows at once here, well
+// before the fixed horizon (2 x command_timeout, for transports that cannot tell); then A's
 // monitor unregisters it there; on LUs 1 and 2 it keeps the reservation, gate closed.
-TEST_F(ResourceTest, AFailedAcquireUnregistersLateWhereItsPreemptTimedOut) {
+TEST_F(ResourceTest, AFailedAcquireUnregistersWhereItsPreemptTimedOutOnceTheTransportGotItBack) {
   a->boot(a->options());
   b->boot(b->options());
   const Key key_b = acquired(*b);
@@ -403,13 +405,63 @@ TEST_F(ResourceTest, AFailedAcquireUnregistersLateWhereItsPreemptTimedOut) {
     return s.is(PrOutAction::kRegister) && s.sa_key == 0;
   });
   ASSERT_NE(first, unregisters.end());
-  EXPECT_GE(first->at - failed_at, 2 * kCommandTimeout) << "not before the horizon";
+  EXPECT_LT(first->at - failed_at, 2 * kCommandTimeout) << "the transport knew: no horizon";
   EXPECT_EQ(first->lu, 0U);
   for (std::size_t lu = 1; lu < kLus; ++lu) {
     EXPECT_EQ(holder_of(lu), key_a) << "LU " << lu << " keeps its reservation";
   }
   EXPECT_FALSE(a->resource->gate_open());
   EXPECT_EQ(a->resource->state(), State::kReleased);
+}
+
+// The same, but A's first PREEMPT on LU 0 reaches the target and is held there until well after
+// the acquire gave up (its later ones are lost): the transport still holds it (it may execute), so
+// A's key stays registered on LU 0 until it has run; it then makes A's key the holder there, which
+// is never unregistered (an unregister before it, at the first monitor round, would have left the
+// PREEMPT to fail and LU 0 to B).
+TEST_F(ResourceTest, AFailedAcquireWaitsForItsHeldPreemptsToComeBack) {
+  a->boot(a->options());
+  b->boot(b->options());
+  (void)acquired(*b);
+  auto preempts = std::make_shared<int>(0);
+  a->faults = [preempts](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+    if (c.command.cdb[0] == 0x5f && c.lu == 0 &&
+        action == static_cast<std::uint8_t>(PrOutAction::kPreempt)) {
+      if ((*preempts)++ == 0) {
+        fault.execute_delay = milliseconds(650);  // past the give-up and its first round
+      } else {
+        fault.drop_request = true;
+      }
+    }
+    return fault;
+  };
+  const Time started = now();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_LT(now() - started + kCheckInterval, milliseconds(650)) << "the hold outlasts the acquire";
+  a->faults = nullptr;
+  run_for(milliseconds(1000));
+  const auto records = prouts_of(kNodeA);
+  Time last_preempt{0};
+  for (const auto& record : records) {
+    if (record.lu == 0 &&
+        record.service_action == static_cast<std::uint8_t>(PrOutAction::kPreempt)) {
+      last_preempt = std::max(last_preempt, record.at);
+    }
+  }
+  ASSERT_GT(last_preempt, Time{0}) << "a held PREEMPT executed";
+  for (const auto& record : records) {
+    if (record.lu == 0 &&
+        record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) &&
+        record.sa_key == 0) {
+      EXPECT_GT(record.at, last_preempt) << "unregistered while a PREEMPT of ours could still run";
+    }
+  }
+  const std::uint64_t holder = holder_of(0).value_or(0);
+  EXPECT_EQ(holder >> 32U, (std::uint64_t{kCluster} << 16U) | kNodeA)
+      << "A's held PREEMPT took LU 0";
 }
 
 // A released its key, which keeps the reservation. Its next acquire's REGISTER AND IGNORE EXISTING

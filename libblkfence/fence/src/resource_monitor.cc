@@ -15,6 +15,7 @@
 namespace blkfence::fence {
 
 void Resource::on_time(Time now) {
+  end_waits_for_returned_commands(now);
   if (gate_open_ && last_success_ && now - *last_success_ >= options_.lease && !mutant::kNoLease) {
     // Fail closed: the storage may have moved on without us being able to see it.
     ++counters_.lost_contact;
@@ -53,9 +54,36 @@ std::optional<Time> Resource::next_wake() const {
     wake = wake ? std::min(*wake, expiry) : expiry;
   }
   if (settling_) {
-    wake = wake ? std::min(*wake, settling_->first) : settling_->first;
+    // Until its horizon, and every check_interval, to see whether the transport got every command
+    // back (end_waits_for_returned_commands).
+    const Time look = std::min(settling_->first, settle_look_);
+    wake = wake ? std::min(*wake, look) : look;
   }
   return wake;
+}
+
+// A command of ours that timed out may still execute at the target until the kernel gives it back
+// (answered, or aborted by the midlayer's error handling). The waits for that moment (a failed
+// acquire's leftover key, primary mode's next unfence or promote) run to the fixed horizon,
+// late_execution_horizon(), only where the transport cannot tell; where it can, they end at the
+// first look (an operation's start, a monitor round, or every check_interval while an unfence or
+// promote waits) after it holds nothing it reported indeterminate (Transport::unreturned()).
+void Resource::end_waits_for_returned_commands(Time now) {
+  if (settling_ && settle_look_ <= now) {
+    settle_look_ = now + options_.check_interval;
+  }
+  if (engine_.transport().unreturned() != std::optional<std::size_t>(0)) {
+    return;
+  }
+  if (leftover_) {
+    leftover_->after = std::min(leftover_->after, now);
+  }
+  if (registers_settle_) {
+    registers_settle_ = std::min(*registers_settle_, now);
+  }
+  if (settling_) {
+    settling_->first = std::min(settling_->first, now);
+  }
 }
 
 void Resource::check(Time now) {
@@ -267,39 +295,52 @@ void Resource::take_back_leftover(const Reads& reads, Time now) {
   }
 }
 
-// Registrations of this cluster beside our reservation whose keys rank below ours: an acquire
-// that failed, or one that will fail at its verify (it reads our key above its own); a REGISTER
-// that executed late. They would let their nexuses write under our reservation, so the holder
-// preempts them (the reservation stays ours). Keys that outrank ours belong to an acquire in
-// progress that is about to take over, and foreign clusters' keys are not ours to judge: both are
-// left and shown in the status.
+// Registrations of this cluster beside our reservation: under type 5 every registered nexus may
+// write, so no key of ours but the holder's may stay. A key that ranks below ours is an acquire
+// that failed, or one that will fail at its verify (it reads our key above its own), or a
+// REGISTER that executed late. A key that outranks ours is an acquire in progress that is about to
+// take over, or one that died or failed between its REGISTERs and its take (a crash, a lost
+// contact). Both are preempted (the reservation stays ours); the one above ours only once it has
+// been seen for acquire_window(), the time a live acquire may take from its REGISTERs to its end,
+// so that a racing acquire is not cut short. Foreign clusters' keys are not ours to judge: they
+// are left and shown in the status.
 //
 // When, per node: a stray is preempted at the first keys round at least one check_interval after
-// it was first seen, so that the PR OUTs of an acquire still running on its node are over; and a
-// node whose stray comes back after a preempt (it re-registers: S5 broken, or acquires that keep
-// failing) waits twice as long each time, up to 64 intervals. Two nodes' PR OUTs
-// that meet in the target, one removing the other's registration while the other re-keys,
-// reserves, preempts or unregisters through it, can deadlock LIO (docs/operations.md): the holder
-// must not run that cycle at the monitor's rate.
+// it was first seen (acquire_window() for a key above ours), so that the PR OUTs of an acquire
+// still running on its node are over; and a node whose stray comes back after a preempt (it
+// re-registers: S5 broken, or acquires that keep failing) waits twice as long each time, up to 64
+// intervals, but never past acquire_window() after the key was first seen: every stray goes
+// within stray_bound(). Two nodes' PR OUTs that meet in the target, one removing the other's
+// registration while the other re-keys, reserves, preempts or unregisters through it, can
+// deadlock LIO (docs/operations.md): the holder must not run that cycle at the monitor's rate.
 void Resource::preempt_strays(const Reads& reads, Time now) {
   const Key key = *key_;
+  const Time window = acquire_window(options_, engine_.policy().command_timeout);
   std::vector<pr::Request> requests;
   std::set<std::uint16_t> seen;
+  std::set<std::uint64_t> seen_keys;
   std::set<std::uint16_t> preempting;
+  std::set<std::uint64_t> preempted_keys;
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
     for (const std::uint64_t other : reads.others(i, key.value())) {
-      if (Key::cluster_of(other) != options_.cluster_id || outranks(other, key)) {
+      if (Key::cluster_of(other) != options_.cluster_id ||
+          (mutant::kStraysAboveLeft && outranks(other, key))) {
         continue;
       }
       const auto node = Key::node_of(other);
       seen.insert(node);
-      const auto stray =
-          strays_.try_emplace(node, Stray{.next_preempt = now + options_.check_interval}).first;
-      if (now < stray->second.next_preempt) {
+      seen_keys.insert(other);
+      const Time first_seen = stray_seen_.try_emplace(other, now).first->second;
+      const Time grace = outranks(other, key) ? window : Time(options_.check_interval);
+      const Stray& stray = strays_.try_emplace(node).first->second;
+      const Time due =
+          std::max(first_seen + grace, std::min(stray.next_preempt, first_seen + window));
+      if (now < due) {
         keys_next_ = true;  // look again when it is due
         continue;
       }
       preempting.insert(node);
+      preempted_keys.insert(other);
       requests.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other),
                                               "PREEMPT (stray registration)"));
     }
@@ -307,6 +348,11 @@ void Resource::preempt_strays(const Reads& reads, Time now) {
   // A node that stayed away for its whole window is forgotten: its next stray starts afresh.
   std::erase_if(strays_, [&](const auto& entry) {
     return !seen.contains(entry.first) && now >= entry.second.next_preempt;
+  });
+  // A key seen again after its preempt was registered again: its time runs from that sighting (and
+  // the node's back-off), not from its first registration.
+  std::erase_if(stray_seen_, [&](const auto& entry) {
+    return !seen_keys.contains(entry.first) || preempted_keys.contains(entry.first);
   });
   for (const std::uint16_t node : preempting) {
     Stray& stray = strays_[node];
@@ -355,6 +401,7 @@ void Resource::after_monitor_prouts(Time now, std::function<void(Time)> step) {
 // once such a command can no longer execute. (Shared mode's members register one key, epoch 0,
 // every time: a late REGISTER of it changes nothing.)
 void Resource::after_registers_settle(Time now, std::function<void(Time)> step) {
+  end_waits_for_returned_commands(now);
   if (!options_.primary || !registers_settle_ || *registers_settle_ <= now) {
     registers_settle_.reset();
     step(now);
@@ -363,12 +410,13 @@ void Resource::after_registers_settle(Time now, std::function<void(Time)> step) 
   BLKFENCE_ASSERT(!settling_);
   detail_ = "waiting until a REGISTER of ours that timed out can no longer execute";
   settling_.emplace(*registers_settle_, std::move(step));
+  settle_look_ = now + options_.check_interval;
 }
 
 void Resource::note_late_registers(const std::vector<pr::Response>& responses, Time at) {
   for (const pr::Response& response : responses) {
     if (!response.data && response.data.error().code() == ErrorCode::kIndeterminate) {
-      const Time settles = at + late_execution_horizon();
+      const Time settles = late_execution_end(at);
       registers_settle_ = registers_settle_ ? std::max(*registers_settle_, settles) : settles;
     }
   }

@@ -1,8 +1,10 @@
 // Proves fence::Resource's monitor (docs/protocol.md, "Monitor") on the bench of
 // resource_test_bench.h: lost contact fails closed after the lease and reopens only for a
 // still-sole holder, on a check younger than the lease, or ends fenced when another node took over;
-// a round with a failed read fences on what its other reads show; strays are preempted one
-// check_interval after they are first seen, less and less often when they keep coming back; a
+// a round with a failed read fences on what its other reads show; strays ranking below the
+// holder's key are preempted one check_interval after they are first seen, keys above it once an
+// acquire could no longer be running, less and less often when they keep coming back but never
+// later than stray_bound() after they appear; a
 // fenced node never registers again by itself (S5); a fence seen half before the preempt names the
 // preemptor.
 #include <gtest/gtest.h>
@@ -12,7 +14,7 @@
 namespace blkfence::fence::test {
 namespace {
 
-// The holder's PREEMPTs of a stray key (one of its cluster, ranking below its own), as sent.
+// The holder's PREEMPTs of a stray key (one of its cluster, not its own), as sent.
 std::vector<Sent> stray_preempts(const std::vector<Sent>& mine, std::uint64_t stray) {
   std::vector<Sent> found;
   std::copy_if(mine.begin(), mine.end(), std::back_inserter(found), [stray](const Sent& s) {
@@ -204,10 +206,35 @@ TEST_F(ResourceTest, AStrayIsPreemptedOneCheckIntervalAfterItIsFirstSeen) {
   EXPECT_TRUE(b->resource->gate_open());
 }
 
+// A key of the cluster that outranks the holder's, left by a node that died between its REGISTERs
+// and its take: the holder leaves it for an acquire window (a live acquire takes over or gives up
+// within it), then preempts it, well within stray_bound() of its registration, and keeps its gate.
+TEST_F(ResourceTest, AKeyAboveOursIsLeftForAnAcquireWindowThenPreempted) {
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  const std::uint64_t stray = key_of(kNodeA, key_b.epoch() + 1).value();
+  const Time window = acquire_window(b->options(), kCommandTimeout);
+  const Time bound = stray_bound(b->options(), kCommandTimeout);
+  ASSERT_GT(window, 10 * kCheckInterval) << "the test needs a window of many rounds";
+  const std::size_t before = sent.size();
+  const Time registered = now();
+  register_directly(nexus_of(kNodeA, 0, 0), 0, stray);
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 1; }, 2 * bound));
+  const auto preempts = stray_preempts(b->sent_since(before), stray);
+  ASSERT_EQ(preempts.size(), 1U);
+  EXPECT_GE(preempts[0].at - registered, window) << "a racing acquire gets its window";
+  EXPECT_LE(now() - registered, bound);
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key_b.value()}));
+  EXPECT_TRUE(b->resource->gate_open());
+  EXPECT_EQ(b->resource->key(), key_b);
+}
+
 // A node whose stray registration comes back each time it is preempted (it re-registers by itself,
 // breaking S5) is preempted after 2, 4, 8, ... check intervals, not at every round: the holder does
-// not drive a preempt/re-register cycle at the monitor's rate. A node that then stays away for its
-// whole window is forgotten, and its next stray is preempted one interval after it is seen.
+// not drive a preempt/re-register cycle at the monitor's rate. The back-off stops growing at the
+// acquire window, so that every stray still goes within stray_bound(). A node that then stays away
+// for its whole window is forgotten, and its next stray is preempted one interval after it is
+// seen.
 TEST_F(ResourceTest, AStrayThatKeepsComingBackIsPreemptedLessAndLessOften) {
   b->boot(b->options());
   const Key key_b = acquired(*b);
@@ -221,12 +248,15 @@ TEST_F(ResourceTest, AStrayThatKeepsComingBackIsPreemptedLessAndLessOften) {
     run_for(milliseconds(5));
   }
   const auto preempts = stray_preempts(b->sent_since(before), stray);
-  ASSERT_GE(preempts.size(), 5U);
-  EXPECT_LE(preempts.size(), 7U) << "70 intervals hold 1 + 2 + 4 + 8 + 16 + 32 and no more";
+  const Time window = acquire_window(b->options(), kCommandTimeout);
+  ASSERT_LT(window, 32 * kCheckInterval) << "the test needs the window to cap the back-off";
+  ASSERT_GE(preempts.size(), 6U) << "70 intervals hold 1 + 2 + 4 + 8 + 16 + 18 + 18";
+  EXPECT_LE(preempts.size(), 7U);
   for (std::size_t i = 1; i < preempts.size(); ++i) {
     const int shift = std::min<int>(static_cast<int>(i), 6);
-    EXPECT_GE(preempts[i].at - preempts[i - 1].at, kCheckInterval * (1 << shift))
-        << "gap after preempt " << i;
+    const Time gap = preempts[i].at - preempts[i - 1].at;
+    EXPECT_GE(gap, std::min(kCheckInterval * (1 << shift), window)) << "gap after preempt " << i;
+    EXPECT_LE(gap, stray_bound(b->options(), kCommandTimeout)) << "gap after preempt " << i;
   }
   EXPECT_TRUE(b->resource->gate_open());
 

@@ -278,6 +278,12 @@ std::array<std::uint8_t, 16> default_naa(LuId id) {
 
 class SimTarget::Impl {
  public:
+  // When a command passed its checks: the time, and the sequence the next record takes then.
+  struct Accepted {
+    SimTime at{0};
+    std::uint64_t sequence = 0;
+  };
+
   explicit Impl(SimClock& clock) : clock_(clock) {}
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
@@ -304,7 +310,7 @@ class SimTarget::Impl {
     Parsed parsed;
     if (const auto reason = parse(lu.config, command, parsed)) {
       const SimAnswer refused = check_condition(*reason);
-      finish(lu, nexus, command, parsed, now, refused, false, {});
+      finish(lu, nexus, command, parsed, {now, next_sequence_}, refused, false, {});
       answer(refused);
       return;
     }
@@ -319,7 +325,7 @@ class SimTarget::Impl {
       SimAnswer refused{static_cast<std::uint8_t>(SamStatus::kCheckCondition),
                         fixed_sense(SenseKey::kUnitAttention, head.asc, head.ascq),
                         {}};
-      finish(lu, nexus, command, parsed, now, refused, false, {});
+      finish(lu, nexus, command, parsed, {now, next_sequence_}, refused, false, {});
       answer(std::move(refused));
       return;
     }
@@ -327,24 +333,25 @@ class SimTarget::Impl {
     if (lu.holder && lu.holder->nexus != nexus &&
         non_holder_conflicts(lu.holder->type, lu.find(nexus) != nullptr, command)) {
       const SimAnswer refused = status_only(SamStatus::kReservationConflict);
-      finish(lu, nexus, command, parsed, now, refused, false, {});
+      finish(lu, nexus, command, parsed, {now, next_sequence_}, refused, false, {});
       answer(refused);
       return;
     }
     const std::uint64_t pr_res_key = lu.holder ? lu.key_of(lu.holder->nexus) : 0;
+    const Accepted accepted{now, next_sequence_};
     if (hold.count() <= 0) {
-      answer(run(lu, nexus, command, parsed, now));
+      answer(run(lu, nexus, command, parsed, accepted));
       return;
     }
     const std::uint64_t id = next_task_id_++;
     const SimClock::EventId event =
         clock_.schedule_after(hold, [this, lu_id, id] { run_held(lu_id, id); });
-    lu.tasks.emplace(
-        id, Task{nexus, std::move(command), parsed, pr_res_key, now, std::move(answer), event});
+    lu.tasks.emplace(id, Task{nexus, std::move(command), parsed, pr_res_key, now, accepted.sequence,
+                              std::move(answer), event});
   }
 
   SimAnswer run(Lu& lu, NexusId nexus, const Command& command, const Parsed& parsed,
-                SimTime accepted_at) {
+                Accepted accepted) {
     BLKFENCE_ASSERT(parsed.op.has_value());
     SimAnswer answer;
     switch (*parsed.op) {
@@ -362,13 +369,13 @@ class SimTarget::Impl {
       case Op::kWrite16:
         write_blocks(lu, command, parsed);
         answer = good();
-        finish(lu, nexus, command, parsed, accepted_at, answer, true, {});
+        finish(lu, nexus, command, parsed, accepted, answer, true, {});
         return answer;
       case Op::kPersistentReserveIn: return persistent_reserve_in(lu, command);
       case Op::kPersistentReserveOut: {
         PrOutResult prout = execute_prout(lu, nexus, command);
         answer = prout.answer;
-        finish(lu, nexus, command, parsed, accepted_at, answer, false, prout.unregistered);
+        finish(lu, nexus, command, parsed, accepted, answer, false, prout.unregistered);
         // core_tmr_lun_reset() runs after the registrations changed and before the PR OUT
         // completes, so its TASK ABORTED answers precede the preemptor's GOOD.
         if (!prout.abort_keys.empty()) {
@@ -386,7 +393,8 @@ class SimTarget::Impl {
     auto node = lu.tasks.extract(id);
     BLKFENCE_ASSERT(!node.empty());
     Task& task = node.mapped();
-    task.answer(run(lu, task.nexus, task.command, task.parsed, task.accepted_at));
+    task.answer(
+        run(lu, task.nexus, task.command, task.parsed, {task.accepted_at, task.accepted_sequence}));
   }
 
   // core_tmr_drain_state_list() with a preempt-and-abort list: held commands whose pr_res_key
@@ -405,7 +413,8 @@ class SimTarget::Impl {
     }
     for (Task& task : aborted) {
       const SimAnswer answer = status_only(SamStatus::kTaskAborted);
-      finish(lu, task.nexus, task.command, task.parsed, task.accepted_at, answer, false, {});
+      finish(lu, task.nexus, task.command, task.parsed, {task.accepted_at, task.accepted_sequence},
+             answer, false, {});
       task.answer(answer);
     }
   }
@@ -419,7 +428,8 @@ class SimTarget::Impl {
     lu.tasks.clear();
     for (Task& task : lost) {
       const SimAnswer answer = status_only(SamStatus::kTaskAborted);
-      finish(lu, task.nexus, task.command, task.parsed, task.accepted_at, answer, false, {});
+      finish(lu, task.nexus, task.command, task.parsed, {task.accepted_at, task.accepted_sequence},
+             answer, false, {});
       task.answer(answer);
     }
     lu.unit_attentions.clear();
@@ -444,15 +454,15 @@ class SimTarget::Impl {
 
   // Records writes and PR OUTs, whatever became of them.
   void finish(const Lu& lu, NexusId nexus, const Command& command, const Parsed& parsed,
-              SimTime accepted_at, const SimAnswer& answer, bool landed,
+              Accepted accepted, const SimAnswer& answer, bool landed,
               std::vector<NexusId> unregistered) {
     if (!parsed.op) {
       return;
     }
     if (is_write(*parsed.op)) {
-      history_.writes.push_back(WriteRecord{next_sequence_++, clock_.now(), accepted_at, lu.id,
+      history_.writes.push_back(WriteRecord{next_sequence_++, clock_.now(), accepted.at, lu.id,
                                             nexus, parsed.lba, parsed.blocks, landed,
-                                            outcome_of(answer)});
+                                            outcome_of(answer), accepted.sequence});
     } else if (*parsed.op == Op::kPersistentReserveOut && command.cdb_size >= 10) {
       const PrOut prout = read_prout(command);
       history_.prouts.push_back(

@@ -229,6 +229,7 @@ struct Task {
   // no reservation (target_scsi3_pr_reservation_check()). PREEMPT AND ABORT matches on this.
   std::uint64_t pr_res_key = 0;
   SimTime accepted_at{0};
+  std::uint64_t accepted_sequence = 0;  // WriteRecord::accepted_sequence
   SimTarget::AnswerFn answer;
   SimClock::EventId event = 0;
 };

@@ -122,6 +122,15 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
     return completion;
   }
 
+  // A copy of command id will no longer reach or run on the target.
+  void copy_done(std::uint64_t id) {
+    const auto it = copies.find(id);
+    BLKFENCE_ASSERT(it != copies.end() && it->second > 0);
+    if (--it->second == 0) {
+      copies.erase(it);
+    }
+  }
+
   void report(std::uint64_t id, Completion completion) {
     pending.erase(id);
     ready.push_back(std::move(completion));
@@ -164,6 +173,7 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
                        const Fault& fault, bool first_copy,
                        std::chrono::nanoseconds response_delay) {
     if (link(path.lu) != LinkState::kUp) {
+      copy_done(id);
       return;  // lost on the way
     }
     if (first_copy && fault.unit_attention) {
@@ -173,7 +183,11 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
                   [weak = weak_from_this(), id, lu = path.lu, response_delay,
                    lost = fault.drop_response](SimAnswer answer) {
                     const auto core = weak.lock();
-                    if (!core || lost) {
+                    if (!core) {
+                      return;
+                    }
+                    core->copy_done(id);  // it ran, was refused or was aborted
+                    if (lost) {
                       return;
                     }
                     core->at(core->clock.now() + response_delay,
@@ -215,6 +229,7 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
     }
     const std::chrono::nanoseconds request_delay = latency / 2 + fault.request_delay;
     const std::chrono::nanoseconds response_delay = latency - latency / 2 + fault.response_delay;
+    copies[id] = fault.duplicates + 1;
     auto shared = std::make_shared<const Command>(std::move(command));
     for (std::uint32_t copy = 0; copy <= fault.duplicates; ++copy) {
       at(now + request_delay + copy * fault.duplicate_interval,
@@ -234,7 +249,9 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
   PathId next_path = 0;
   std::map<LuId, LinkState> links;
   std::map<std::uint64_t, Pending> pending;  // submitted, not yet reported
-  std::vector<Completion> ready;             // reported, not yet reaped
+  // Commands with copies that may still reach or run on the target: how many.
+  std::map<std::uint64_t, std::uint32_t> copies;
+  std::vector<Completion> ready;  // reported, not yet reaped
   std::uint64_t next_id = 0;
 };
 
@@ -302,6 +319,12 @@ Result<std::size_t> SimTransport::reap(std::chrono::milliseconds wait,
   core.ready.clear();
   (void)::read(core.event.get(), &count, sizeof count);
   return reaped;
+}
+
+std::optional<std::size_t> SimTransport::unreturned() const {
+  return static_cast<std::size_t>(
+      std::count_if(core_->copies.begin(), core_->copies.end(),
+                    [this](const auto& entry) { return !core_->pending.contains(entry.first); }));
 }
 
 std::size_t SimTransport::in_flight() const {

@@ -172,6 +172,7 @@ TEST_F(SimTransportTest, ALostAnswerIsIndeterminateButTheCommandExecuted) {
   EXPECT_EQ(done.outcome, Outcome::kIndeterminate);
   EXPECT_EQ(done.latency, kTimeout);
   EXPECT_EQ(target.registrations(lu), (std::vector<SimRegistration>{{kA, kKeyA, false}}));
+  EXPECT_EQ(transport->unreturned(), std::optional<std::size_t>(0)) << "it ran: nothing can run";
 }
 
 TEST_F(SimTransportTest, ALostCommandIsIndeterminateAndNeverExecutes) {
@@ -188,6 +189,7 @@ TEST_F(SimTransportTest, ALostCommandIsIndeterminateAndNeverExecutes) {
       run_one(*transport, path, tagged(prout_command(codec::prout_register_and_ignore(kKeyA)), 3));
   EXPECT_EQ(done.outcome, Outcome::kIndeterminate);
   EXPECT_EQ(done.latency, kTimeout + milliseconds(20));  // the timeout plus the grace
+  EXPECT_EQ(transport->unreturned(), std::optional<std::size_t>(0)) << "lost: it cannot run";
   clock.advance(std::chrono::hours(1));
   EXPECT_TRUE(target.registrations(lu).empty());
   EXPECT_TRUE(target.history().prouts.empty());
@@ -216,7 +218,9 @@ TEST_F(SimTransportTest, ALateCommandExecutesAfterItsCallerGaveUp) {
     EXPECT_EQ(local_clock.now(), kTimeout);
     EXPECT_TRUE(local.registrations(id).empty());
     EXPECT_EQ(local.held_count(id), held_in_target ? 1U : 0U);
+    EXPECT_EQ(transport->unreturned(), std::optional<std::size_t>(1)) << "it may still run";
     local_clock.advance(milliseconds(1000));
+    EXPECT_EQ(transport->unreturned(), std::optional<std::size_t>(0)) << "it ran";
     EXPECT_EQ(local.registrations(id).size(), 1U);
     ASSERT_EQ(local.history().prouts.size(), 1U);
     EXPECT_GT(local.history().prouts[0].at, milliseconds(500));
@@ -564,6 +568,11 @@ TEST_F(SimTransportTest, PreemptAndAbortAbortsAHeldWriteWherePreemptLetsItLand) 
     EXPECT_EQ(written[0].outcome, abort ? Outcome::kTaskAborted : Outcome::kGood);
     EXPECT_EQ(local.block(id, 7).has_value(), !abort);
     EXPECT_EQ(s1_violations(local.history()).size(), abort ? 0U : 1U);
+    // The record shows the write held across the preempt: accepted before it, ended after it.
+    const SimHistory& history = local.history();
+    ASSERT_EQ(history.writes.size(), 1U);
+    EXPECT_LE(history.writes[0].accepted_sequence, history.prouts.back().sequence);
+    EXPECT_GT(history.writes[0].sequence, history.prouts.back().sequence);
   }
 }
 

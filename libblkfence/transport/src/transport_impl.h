@@ -27,6 +27,7 @@ class TransportImpl : public Transport {
   [[nodiscard]] virtual Result<PathId> open_path_fd(UniqueFd fd, std::string name) = 0;
   // Commands reported to the caller (kIndeterminate) that the kernel has not returned yet.
   virtual std::size_t zombie_count() const = 0;
+  std::optional<std::size_t> unreturned() const override { return zombie_count(); }
 };
 
 struct UringOptions {

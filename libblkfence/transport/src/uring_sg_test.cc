@@ -265,6 +265,8 @@ TEST_F(UringSgTest, UnansweredCommandIsIndeterminateAndItsLateAnswerIsSwallowed)
   EXPECT_EQ(done[3].outcome, Outcome::kGood);
   EXPECT_EQ(transport_->in_flight(), 0U);
   EXPECT_EQ(transport_->zombie_count(), 1U);
+  // What the protocol waits on (Transport::unreturned): the kernel still holds the timed-out one.
+  EXPECT_EQ(static_cast<const Transport&>(*transport_).unreturned(), std::optional<std::size_t>(1));
 
   // The late answer writes sense and 64 bytes of data through the zombie's pointers.
   FakeReply late;
@@ -278,6 +280,7 @@ TEST_F(UringSgTest, UnansweredCommandIsIndeterminateAndItsLateAnswerIsSwallowed)
     ASSERT_TRUE(transport_->reap(milliseconds(50), extra).has_value());
   }
   EXPECT_EQ(transport_->zombie_count(), 0U);
+  EXPECT_EQ(static_cast<const Transport&>(*transport_).unreturned(), std::optional<std::size_t>(0));
   EXPECT_TRUE(extra.empty()) << "the late answer completed tag " << extra.at(0).tag << " again";
 
   // The path still works afterwards.

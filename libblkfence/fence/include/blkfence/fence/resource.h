@@ -107,6 +107,18 @@ struct Event {
   std::string detail;                      // one sentence for logs and status
 };
 
+// How long an exclusive acquire may legitimately run after its REGISTERs went out: their answers,
+// then up to verify_rounds_max rounds of take, preempt of the others and verify, then a failed
+// acquire's read-back and unregister, one command_timeout each (docs/protocol.md, "Stray
+// registrations"). A key of our cluster that outranks the holder's is left to its acquire this
+// long.
+Time acquire_window(const ResourceOptions& options, Time command_timeout);
+// Within how long of its registration (or of the holder's gate opening, if later) the holder's
+// monitor removes a registration of its cluster other than its own key, while it runs and its
+// commands are answered: the acquire window, a READ KEYS round (keys_every checks), the check
+// after it is due and three round trips (docs/protocol.md, "Stray registrations").
+Time stray_bound(const ResourceOptions& options, Time command_timeout);
+
 class Resource;
 
 class Observer {
@@ -136,7 +148,7 @@ struct Counters {
   std::uint64_t checks = 0;
   std::uint64_t check_failures = 0;
   std::uint64_t unit_attentions = 0;
-  std::uint64_t strays_preempted = 0;  // monitor rounds that preempted lower-ranked keys
+  std::uint64_t strays_preempted = 0;  // monitor rounds that preempted other keys of the cluster
   std::chrono::nanoseconds check_latency_last{0};
   std::chrono::nanoseconds check_latency_max{0};
   std::chrono::nanoseconds check_latency_sum{0};
@@ -254,6 +266,7 @@ class Resource {
   void note_uncertain(const std::vector<pr::Response>& responses,
                       const std::vector<std::size_t>& lu_of);
   Time late_execution_horizon() const;
+  Time late_execution_end(Time at) const;
   codec::PrOutCommand take_command(Key key, std::uint64_t victim) const;
 
   // resource_shared.cc: shared mode.
@@ -294,6 +307,7 @@ class Resource {
   // Runs step once no PR OUT the monitor sent is in flight (at once when none is).
   void after_monitor_prouts(Time now, std::function<void(Time)> step);
   void after_registers_settle(Time now, std::function<void(Time)> step);
+  void end_waits_for_returned_commands(Time now);
   void note_late_registers(const std::vector<pr::Response>& responses, Time at);
   void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
               Time now);
@@ -346,13 +360,15 @@ class Resource {
   std::optional<Leftover> leftover_;
   // Stray registrations beside our reservation, by node (preempt_strays): when its keys may next
   // be preempted, and how many times they were (the backoff doubles with each, up to
-  // 2^kStrayBackoffShift check intervals).
+  // 2^kStrayBackoffShift check intervals, and never past a key's deadline); and when each stray
+  // key was first seen.
   struct Stray {
     Time next_preempt{0};
     int preempts = 0;
   };
   static constexpr int kStrayBackoffShift = 6;
   std::map<std::uint16_t, Stray> strays_;
+  std::map<std::uint64_t, Time> stray_seen_;
   // New paths (LU index, path) waiting to be registered once the resource is idle.
   std::vector<std::pair<std::size_t, pr::Path>> new_paths_;
   std::function<void(Time)> queued_;  // an acquire or release waiting for a new-path registration
@@ -363,6 +379,7 @@ class Resource {
   // step of an unfence or promote waiting for that moment (after_registers_settle).
   std::optional<Time> registers_settle_;
   std::optional<std::pair<Time, std::function<void(Time)>>> settling_;
+  Time settle_look_{0};  // while settling_: when to look again whether the transport got them back
   Counters counters_;
 };
 

@@ -99,6 +99,10 @@ struct WriteRecord {
   std::uint32_t blocks = 0;
   bool landed = false;  // the data is in the block store
   SimOutcome outcome;
+  // The sequence the target's next record took when the write passed its checks: every record
+  // numbered below it came before the acceptance (== sequence unless it was held). A write held
+  // across a PR OUT has accepted_sequence <= that PR OUT's sequence < its own.
+  std::uint64_t accepted_sequence = 0;
 
   friend bool operator==(const WriteRecord&, const WriteRecord&) = default;
 };

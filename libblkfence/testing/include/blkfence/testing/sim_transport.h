@@ -116,6 +116,10 @@ class SimTransport final : public Transport {
   [[nodiscard]] Result<std::size_t> reap(std::chrono::milliseconds wait,
                                          std::vector<Completion>& out) override;
   std::size_t in_flight() const override;
+  // Commands reported (kIndeterminate, or answered while a duplicate is still out) with a copy
+  // still on its way to the target or held in its task set, which may still execute; a copy lost
+  // on the way, refused, executed or aborted has come back.
+  std::optional<std::size_t> unreturned() const override;
   // Readable while completions are ready at the current simulated time.
   int poll_fd() const override;
   std::string_view name() const override { return "sim"; }

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -108,6 +109,11 @@ class Transport {
 
   // Commands submitted and not yet reaped.
   virtual std::size_t in_flight() const = 0;
+  // Commands already completed as kIndeterminate that the kernel has not given back yet: sg still
+  // holds them, so they may still reach or run on the target. Once it is 0, every command this
+  // transport reported indeterminate has come back (answered, or aborted by the midlayer's error
+  // handling) and none can execute any more. nullopt: the transport cannot tell.
+  virtual std::optional<std::size_t> unreturned() const { return std::nullopt; }
   // A file descriptor that polls readable when reap() has something to return (for sd-event).
   virtual int poll_fd() const = 0;
   virtual std::string_view name() const = 0;
