@@ -608,6 +608,10 @@ struct Daemon::Pending {
   ~Pending() { sd_event_source_disable_unref(timer); }
 };
 
+bool Daemon::privileged(const Peer& peer) {
+  return daemon::privileged(peer, config_.control_group);
+}
+
 void Daemon::on_disconnect(ClientId client) {
   watchers_.erase(client);
   // An acquire or promote whose caller went away stops before its next PR OUT that could take a
@@ -663,6 +667,9 @@ void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
                                                     {"node", config_.node_id}}));
       return;
     case Op::kWatch:
+      if (!watchers_.contains(client)) {
+        control_->hold(client);  // a stream, silent between events: never idle
+      }
       watchers_[client] = request.resource;
       control_->send(client, encode_ok(request.id, {{"resources", statuses()}}));
       return;
@@ -707,6 +714,7 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
   pending->client = client;
   pending->id = request.id;
   pending->resource = resource.name();
+  control_->hold(client);
   if (request.timeout) {
     std::uint64_t now_usec = 0;
     (void)sd_event_now(event_, CLOCK_MONOTONIC, &now_usec);
@@ -721,6 +729,7 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
           Pending& waiting = **p;
           if (!waiting.answered) {
             waiting.answered = true;
+            waiting.daemon->control_->release_hold(waiting.client);
             fence::Resource* running = waiting.daemon->find(waiting.resource);
             const bool cancellable = waiting.daemon->cancellable_.contains(waiting.resource) &&
                                      waiting.daemon->cancellable_[waiting.resource].lock() == *p;
@@ -753,6 +762,7 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
       return;
     }
     pending->answered = true;
+    control_->release_hold(pending->client);
     sd_event_source_disable_unref(pending->timer);
     pending->timer = nullptr;
     fence::Resource* r = find(pending->resource);
@@ -797,6 +807,7 @@ void Daemon::read_keys(ClientId client, const Request& request, fence::Resource&
   }
   const std::string& name = resource.name();
   const std::uint64_t id = request.id;
+  control_->hold(client);
   engine_->start(std::move(requests), now(),
                  [this, client, id, name](std::vector<pr::Response> responses, pr::Time) {
                    fence::Resource* r = find(name);
@@ -820,6 +831,7 @@ void Daemon::read_keys(ClientId client, const Request& request, fence::Resource&
                        lu.holder = decoded->reservation->key;
                      }
                    }
+                   control_->release_hold(client);
                    control_->send(client, encode_ok(id, {{"status", to_json(status)}}));
                  });
 }

@@ -62,6 +62,7 @@ class Daemon final : public fence::Observer, public ControlHandler {
   // ControlHandler
   void on_line(ClientId client, const Peer& peer, std::string_view line, bool too_large) override;
   void on_disconnect(ClientId client) override;
+  bool privileged(const Peer& peer) override;
 
  private:
   struct Pending;
