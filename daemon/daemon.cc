@@ -86,7 +86,13 @@ Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resou
   return lus;
 }
 
-Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
+DaemonEnv system_daemon_env() {
+  return {.transport = transport_for, .resolve = [](const ResourceConfig& resource) {
+            return resolve_devices(resource, pr::system_discovery_env());
+          }};
+}
+
+Result<std::unique_ptr<Daemon>> Daemon::make(Config config, DaemonEnv env) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->config_ = std::move(config);
   const Config& c = daemon->config_;
@@ -99,7 +105,7 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
   if (const int r = sd_event_default(&daemon->event_); r < 0) {
     return tl::unexpected(Error::os(-r, "sd_event_default"));
   }
-  auto made_transport = transport_for(c.transport);
+  auto made_transport = env.transport(c.transport);
   if (!made_transport) {
     return tl::unexpected(made_transport.error());
   }
@@ -115,9 +121,8 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
   daemon->epochs_ = fence::make_file_epoch_store(c.state_dir);
   daemon->gate_ = std::make_unique<Gate>(daemon->event_, c.run_dir);
 
-  const auto env = pr::system_discovery_env();
   for (const auto& resource : c.resources) {
-    auto lus = resolve_devices(resource, env);
+    auto lus = env.resolve(resource);
     if (!lus) {
       return tl::unexpected(lus.error());
     }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,11 +45,21 @@ using namespace control;
 [[nodiscard]] Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resource,
                                                                    const pr::DiscoveryEnv& env);
 
+// What Daemon::make() takes from the system: the transport the configuration names and the LUs of
+// a resource's devices. The daemon's tests replace both to run it on a simulated target.
+struct DaemonEnv {
+  std::function<Result<std::unique_ptr<transport::Transport>>(const std::string& kind)> transport;
+  std::function<Result<std::vector<pr::LogicalUnit>>(const ResourceConfig& resource)> resolve;
+};
+// io_uring or SG_IO as configured, and resolve_devices() on /sys and /dev.
+DaemonEnv system_daemon_env();
+
 class Daemon final : public fence::Observer, public ControlHandler {
  public:
   // Resolves every resource's devices, opens the transport, binds the control socket. Nothing is
   // sent to a device until run().
-  [[nodiscard]] static Result<std::unique_ptr<Daemon>> make(Config config);
+  [[nodiscard]] static Result<std::unique_ptr<Daemon>> make(Config config,
+                                                            DaemonEnv env = system_daemon_env());
   ~Daemon() override;
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
