@@ -298,6 +298,7 @@ TEST_F(ControlServerTest, AClientThatStopsReadingIsDroppedBeyondTheQueueLimit) {
   stalled->write(burst);
   run_until(
       event_, [&] { return handler_.disconnected.size() == 1; }, "the drop");
+  EXPECT_EQ(server_->counters().dropped_unread, 1U);
   EXPECT_EQ(server_->client_count(), 1U);
   other->write("ok\n");
   EXPECT_EQ(other->read_line(), "echo:ok");
