@@ -240,6 +240,7 @@ int Daemon::on_timer(sd_event_source*, std::uint64_t, void*) {
 int Daemon::on_post(sd_event_source*, void* self) {
   auto* daemon = static_cast<Daemon*>(self);
   daemon->tick();
+  daemon->start_keys_reads();
   daemon->schedule();
   return 0;
 }
@@ -619,6 +620,9 @@ bool Daemon::privileged(const Peer& peer) {
 
 void Daemon::on_disconnect(ClientId client) {
   watchers_.erase(client);
+  for (auto& [name, read] : keys_reads_) {
+    std::erase_if(read.waiting, [&](const auto& waiting) { return waiting.first == client; });
+  }
   // An acquire or promote whose caller went away stops before its next PR OUT that could take a
   // LU: a pre_promote that Patroni killed must never preempt the primary that came after it.
   for (const auto& [name, weak] : cancellable_) {
@@ -805,40 +809,76 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
 }
 
 void Daemon::read_keys(ClientId client, const Request& request, fence::Resource& resource) {
-  std::vector<pr::Request> requests;
-  for (const auto& lu : resource.options().lus) {
-    requests.push_back(pr::read_keys_request(lu));
-    requests.push_back(pr::read_reservation_request(lu));
+  KeysRead& read = keys_reads_[resource.name()];
+  if (read.waiting.size() >= kKeysWaitingMax) {
+    reply_error(client, request.id, ReplyError::kBusy,
+                std::to_string(kKeysWaitingMax) + " keys requests of " + resource.name() +
+                    " are already waiting for its read; ask again");
+    return;
   }
-  const std::string& name = resource.name();
-  const std::uint64_t id = request.id;
+  read.waiting.emplace_back(client, request.id);
   control_->hold(client);
-  engine_->start(std::move(requests), now(),
-                 [this, client, id, name](std::vector<pr::Response> responses, pr::Time) {
-                   fence::Resource* r = find(name);
-                   ResourceStatus status = status_of(*r);
-                   for (std::size_t i = 0; i < status.lus.size(); ++i) {
-                     LuStatus& lu = status.lus[i];
-                     lu.keys.clear();
-                     lu.holder.reset();
-                     lu.error.clear();
-                     auto& keys = responses[2 * i].data;
-                     auto& reservation = responses[2 * i + 1].data;
-                     if (!keys || !reservation) {
-                       lu.error = (!keys ? keys.error() : reservation.error()).message();
-                       continue;
-                     }
-                     if (auto decoded = codec::decode_read_keys(*keys)) {
-                       lu.keys = decoded->keys;
-                     }
-                     if (auto decoded = codec::decode_read_reservation(*reservation);
-                         decoded && decoded->reservation) {
-                       lu.holder = decoded->reservation->key;
-                     }
-                   }
-                   control_->release_hold(client);
-                   control_->send(client, encode_ok(id, {{"status", to_json(status)}}));
-                 });
+  start_keys_reads();
+}
+
+// Client reads come after the protocol's: none starts while a batch of a monitor round or an
+// operation is open on the engine (they share the transport, and each LU's task set at the
+// target), and one read per resource answers every `keys` request that arrived before it ended, so
+// a flood of requests costs the LUs one READ KEYS and one READ RESERVATION at a time. Called after
+// every dispatch of the loop.
+void Daemon::start_keys_reads() {
+  for (auto& [name, read] : keys_reads_) {
+    if (engine_->open_batches() > keys_reads_in_flight_) {
+      return;
+    }
+    if (read.in_flight || read.waiting.empty()) {
+      continue;
+    }
+    const fence::Resource* resource = find(name);
+    std::vector<pr::Request> requests;
+    for (const auto& lu : resource->options().lus) {
+      requests.push_back(pr::read_keys_request(lu));
+      requests.push_back(pr::read_reservation_request(lu));
+    }
+    read.in_flight = true;
+    ++keys_reads_in_flight_;
+    engine_->start(std::move(requests), now(),
+                   [this, name](std::vector<pr::Response> responses, pr::Time) {
+                     answer_keys(name, responses);
+                   });
+  }
+}
+
+void Daemon::answer_keys(const std::string& name, const std::vector<pr::Response>& responses) {
+  KeysRead& read = keys_reads_[name];
+  read.in_flight = false;
+  --keys_reads_in_flight_;
+  const auto waiting = std::exchange(read.waiting, {});
+  ResourceStatus status = status_of(*find(name));
+  for (std::size_t i = 0; i < status.lus.size(); ++i) {
+    LuStatus& lu = status.lus[i];
+    lu.keys.clear();
+    lu.holder.reset();
+    lu.error.clear();
+    const auto& keys = responses[2 * i].data;
+    const auto& reservation = responses[2 * i + 1].data;
+    if (!keys || !reservation) {
+      lu.error = (!keys ? keys.error() : reservation.error()).message();
+      continue;
+    }
+    if (auto decoded = codec::decode_read_keys(*keys)) {
+      lu.keys = decoded->keys;
+    }
+    if (auto decoded = codec::decode_read_reservation(*reservation);
+        decoded && decoded->reservation) {
+      lu.holder = decoded->reservation->key;
+    }
+  }
+  const nlohmann::json body = {{"status", to_json(status)}};
+  for (const auto& [client, id] : waiting) {
+    control_->release_hold(client);
+    control_->send(client, encode_ok(id, body));
+  }
 }
 
 }  // namespace blkfence::daemon

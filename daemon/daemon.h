@@ -106,6 +106,8 @@ class Daemon final : public fence::Observer, public ControlHandler {
   void handle_resource(ClientId client, const Request& request, fence::Resource& resource);
   void run_operation(ClientId client, const Request& request, fence::Resource& resource);
   void read_keys(ClientId client, const Request& request, fence::Resource& resource);
+  void start_keys_reads();
+  void answer_keys(const std::string& name, const std::vector<pr::Response>& responses);
   void broadcast(Event event, const fence::Resource& resource);
 
   Config config_;
@@ -123,6 +125,16 @@ class Daemon final : public fence::Observer, public ControlHandler {
   std::vector<std::unique_ptr<fence::Resource>> resources_;
   std::unique_ptr<ControlServer> control_;
   std::map<ClientId, std::string> watchers_;  // client -> resource ("" for all)
+  // The `keys` requests of each resource, answered together by one read (docs/control-protocol.md,
+  // "keys"): at most one in flight per resource, none started while the protocol's batches are
+  // open.
+  struct KeysRead {
+    std::vector<std::pair<ClientId, std::uint64_t>> waiting;  // client, request id
+    bool in_flight = false;
+  };
+  static constexpr std::size_t kKeysWaitingMax = 256;
+  std::map<std::string, KeysRead> keys_reads_;
+  std::size_t keys_reads_in_flight_ = 0;
   // The running acquire or promote of each resource, and whose: cancelled when its caller
   // disconnects or its --timeout passes (docs/control-protocol.md).
   std::map<std::string, std::weak_ptr<Pending>> cancellable_;

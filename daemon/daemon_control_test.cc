@@ -9,7 +9,9 @@
 // with another uid and gid, so they need root (CI runs as root) and skip otherwise.
 // With a resource on a simulated target (sim_daemon_testing.h, the daemon on a thread of its own):
 // a `watch` client that never reads is dropped once its unread output passes the bound, and the
-// daemon goes on answering others.
+// daemon goes on answering others; and `keys` requests of many clients at once share one read of
+// the LUs at a time (the device never sees more than that read's commands beside the monitor's),
+// and each gets the read's answer.
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
@@ -431,6 +433,42 @@ TEST_F(SimDaemonTest, AWatcherThatNeverReadsIsDroppedAndTheDaemonGoesOn) {
   testing::LineClient next(socket_path());
   EXPECT_TRUE(ask(next, request(control::Op::kStatus, "", 4)).ok);
   EXPECT_TRUE(ask(root, request(control::Op::kAcquire, "pgdata", 5)).ok);
+}
+
+TEST_F(SimDaemonTest, KeysRequestsOfManyClientsShareOneReadAtATime) {
+  // 5 ms a command: the requests all arrive while the first read is on the device.
+  start(std::chrono::milliseconds(5));
+  await_state_known();
+  testing::LineClient root(socket_path());
+  const auto acquired = ask(root, request(control::Op::kAcquire, "pgdata", 1));
+  ASSERT_TRUE(acquired.ok) << acquired.error->message;
+  const std::string key = acquired.body.value("key", "");
+  constexpr std::size_t kClients = 40;  // root: no per-uid limit
+  std::vector<std::unique_ptr<testing::LineClient>> clients;
+  for (std::size_t i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<testing::LineClient>(socket_path()));
+  }
+  devices_->stats().in_flight_max = 0;
+  const std::uint64_t commands_before = devices_->stats().commands;
+  for (std::size_t i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(
+        clients[i]->write(control::encode_request(request(control::Op::kKeys, "pgdata", i))));
+  }
+  for (std::size_t i = 0; i < kClients; ++i) {
+    const auto line = clients[i]->read_line(kWait);
+    ASSERT_TRUE(line) << "no answer to keys " << i;
+    const auto reply = control::parse_reply(*line);
+    ASSERT_TRUE(reply && reply->ok) << *line;
+    EXPECT_EQ(reply->id, i);
+    const auto& lu = reply->body["status"]["lus"][0];
+    EXPECT_EQ(lu.value("holder", ""), key) << *line;
+    EXPECT_EQ(lu.value("error", nlohmann::json()), nlohmann::json()) << *line;
+  }
+  // One keys read is READ KEYS and READ RESERVATION; a monitor round is at most the same two.
+  EXPECT_LE(devices_->stats().in_flight_max.load(), 4U);
+  // The 40 requests cost a handful of reads, not 40 (80 commands), whatever the monitor did.
+  const std::uint64_t commands = devices_->stats().commands - commands_before;
+  EXPECT_LT(commands, 40U) << commands << " commands";
 }
 
 }  // namespace
