@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -31,6 +32,18 @@ std::string who(const Peer& peer) {
 }
 
 }  // namespace
+
+std::uint64_t ControlServer::LogLimit::due(sd_event* event) {
+  std::uint64_t now = 0;
+  (void)sd_event_now(event, CLOCK_MONOTONIC, &now);
+  ++unlogged;
+  const auto interval = static_cast<std::uint64_t>(std::chrono::microseconds(kLogInterval).count());
+  if (logged_usec != 0 && now - logged_usec < interval) {
+    return 0;
+  }
+  logged_usec = now;
+  return std::exchange(unlogged, 0);
+}
 
 struct ControlServer::Client {
   enum class Clock : std::uint8_t { kNone, kPartialLine, kIdle };
@@ -146,12 +159,15 @@ void ControlServer::pause_accept(int error) {
   (void)sd_event_source_set_enabled(listen_source_, SD_EVENT_OFF);
   (void)sd_event_source_set_time(accept_pause_, usec_after(event_, timeouts_.accept_pause));
   (void)sd_event_source_set_enabled(accept_pause_, SD_EVENT_ONESHOT);
-  if (!accept_failing_) {
+  // A shortage often flickers (a client closes, one accept succeeds, the next fails): logged at
+  // most once per kLogInterval, with the failures counted.
+  if (const auto count = accept_log_.due(event_)) {
     accept_failing_ = true;
     ++counters_.accept_shortages;
     log(Priority::kWarning,
-        "cannot accept control connections on " + path_ + ": " + std::strerror(error) +
-            "; retrying every " + std::to_string(timeouts_.accept_pause.count()) +
+        "cannot accept control connections on " + path_ + ": " + std::strerror(error) + " (" +
+            std::to_string(count) + " time(s) since the last such message); retrying every " +
+            std::to_string(timeouts_.accept_pause.count()) +
             " ms, clients wait meanwhile (raise LimitNOFILE, or find what holds the daemon's "
             "file descriptors: ls /proc/$(pidof blkfenced)/fd)");
   }
@@ -187,14 +203,14 @@ bool ControlServer::admit(UniqueFd& fd, const Peer& peer, bool privileged) {
     const std::string line = control::encode_error(
         {.id = std::nullopt, .code = control::ReplyError::kBusy, .message = refusal});
     (void)::send(fd.get(), line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (!refusing_) {
-      refusing_ = true;
-      log(Priority::kWarning, "refused a control connection (" + who(peer) + "): " + refusal +
-                                  "; further refusals are not logged until one is admitted");
+    if (const auto count = refusal_log_.due(event_)) {
+      log(Priority::kWarning, "refused " + std::to_string(count) +
+                                  " control connection(s) since the last such message; the "
+                                  "latest (" +
+                                  who(peer) + "): " + refusal);
     }
     return false;
   }
-  refusing_ = false;
   auto client = std::make_unique<Client>();
   client->server = this;
   client->id = next_id_++;
@@ -437,10 +453,13 @@ void ControlServer::drop(ClientId id, Why why) {
       break;
     case Why::kUnread:
       ++counters_.dropped_unread;
-      log(Priority::kWarning,
-          "dropped a control client (" + who(client->peer) + "): more than " +
-              std::to_string(kMaxQueued) +
-              " bytes of replies and events unread; a client of 'watch' must read its stream");
+      if (const auto count = unread_log_.due(event_)) {
+        log(Priority::kWarning,
+            "dropped " + std::to_string(count) +
+                " control client(s) since the last such message, the latest (" + who(client->peer) +
+                "): more than " + std::to_string(kMaxQueued) +
+                " bytes of replies and events unread; a client of 'watch' must read its stream");
+      }
       break;
   }
   handler_.on_disconnect(id);

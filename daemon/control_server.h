@@ -70,7 +70,7 @@ struct ControlCounters {
   std::uint64_t dropped_idle = 0;
   std::uint64_t dropped_unread = 0;    // output beyond kMaxQueued
   std::uint64_t accept_failures = 0;   // accept(2) calls that failed with a resource shortage
-  std::uint64_t accept_shortages = 0;  // runs of such failures, each logged once
+  std::uint64_t accept_shortages = 0;  // such failures logged (at most one per kLogInterval)
 };
 
 class ControlServer {
@@ -83,6 +83,7 @@ class ControlServer {
   static constexpr std::size_t kMaxQueued = 1024 * 1024;
   static constexpr std::size_t kReadBudget = 64 * 1024;
   static constexpr std::size_t kLineBudget = 16;
+  static constexpr std::chrono::seconds kLogInterval{10};
 
   // Binds path (replacing a stale socket), mode 0666: everyone may connect and read status.
   [[nodiscard]] static Result<std::unique_ptr<ControlServer>> make(sd_event* event,
@@ -128,9 +129,18 @@ class ControlServer {
   UniqueFd listen_fd_;
   sd_event_source* listen_source_ = nullptr;
   sd_event_source* accept_pause_ = nullptr;
-  bool accept_failing_ = false;  // logged once, when it starts and when it ends
-  bool refusing_ = false;  // the last connection was refused: log the next refusal only after one
-                           // is admitted again
+  bool accept_failing_ = false;  // a shortage was logged: log the first accept after it
+  // What a peer can make happen again and again (refusals, drops for unread output) is logged at
+  // most once per kLogInterval, with how many times it happened.
+  struct LogLimit {
+    std::uint64_t logged_usec = 0;
+    std::uint64_t unlogged = 0;
+    // The count to log now, or 0 to stay silent.
+    std::uint64_t due(sd_event* event);
+  };
+  LogLimit refusal_log_;
+  LogLimit unread_log_;
+  LogLimit accept_log_;
   ControlCounters counters_;
   std::string path_;
   ClientId next_id_ = 1;
