@@ -562,6 +562,22 @@ std::string Daemon::metrics_text() const {
        [&](const fence::Resource& r) { return seconds(r.counters().check_latency_max); });
   each("blkfence_check_latency_seconds_last", "gauge", "Latest monitor round.",
        [&](const fence::Resource& r) { return seconds(r.counters().check_latency_last); });
+  // The control socket's limits at work (docs/control-protocol.md, "Limits"): not per resource.
+  const ControlCounters& control = control_->counters();
+  const auto counter = [&](const char* name, const char* help, std::uint64_t value) {
+    family(name, "counter", help);
+    text += std::string(name) + " " + std::to_string(value) + "\n";
+  };
+  counter("blkfence_control_refused_total",
+          "Control connections refused busy (every place the peer may take was taken, or its "
+          "uid's share).",
+          control.refused_busy + control.refused_per_uid);
+  counter("blkfence_control_dropped_total",
+          "Control clients dropped: a partial line or silence past its timeout, or output unread.",
+          control.dropped_partial_line + control.dropped_idle + control.dropped_unread);
+  counter("blkfence_control_accept_failures_total",
+          "accept(2) calls on the control socket that failed for want of descriptors or memory.",
+          control.accept_failures);
   return text;
 }
 

@@ -6,8 +6,9 @@
 // slow partial lines; then this process runs out of file descriptors (EMFILE on accept). Through
 // it all, a root client measures how long an acquire takes (connect included: it needs one of the
 // places kept for privileged peers) and how old the last good check gets, and the harness asserts
-// generous bounds: an acquire answered within 3 s, no check older than 3 check intervals, and the
-// loop not spinning while accept fails. It prints the figures with and without abuse.
+// generous bounds: an acquire answered within 3 s, no check older than 3 check intervals, and
+// accept tried once a pause (1 s) while it fails, not on every loop iteration. It prints the
+// figures with and without abuse.
 //
 // Needs root (the abusers run as other uids), and exits 77 otherwise; CI runs as root.
 #include <algorithm>
@@ -85,12 +86,16 @@ class AbuseTest : public ::testing::Test {
 
   // How many checks the monitor has made, from the metrics.
   std::optional<double> checks(testing::LineClient& probe) {
+    return metric(probe, "blkfence_check_latency_seconds_count{resource=\"pgdata\"}");
+  }
+  // A sample of the daemon's metrics.
+  std::optional<double> metric(testing::LineClient& probe, const std::string& sample) {
     const auto reply = ask(probe, encode(control::Op::kMetrics, 1, ""));
     if (!reply || !reply->ok) {
       return std::nullopt;
     }
     const std::string text = reply->body.value("text", "");
-    const std::string name = "blkfence_check_latency_seconds_count{resource=\"pgdata\"} ";
+    const std::string name = "\n" + sample + " ";
     const auto at = text.find(name);
     return at == std::string::npos ? std::nullopt
                                    : std::optional(std::stod(text.substr(at + name.size())));
@@ -297,6 +302,8 @@ TEST_F(AbuseTest, FencingStaysOnlineWhileLocalUsersAbuseTheControlSocket) {
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
   Figures emfile;
   double cpu_share = 0;
+  double accept_failures = 0;
+  double emfile_seconds = 0;
   {
     rlimit low = saved;
     low.rlim_cur = std::min<rlim_t>(saved.rlim_cur, 1024);
@@ -309,11 +316,15 @@ TEST_F(AbuseTest, FencingStaysOnlineWhileLocalUsersAbuseTheControlSocket) {
       }
       filler.push_back(std::move(fd));
     }
+    const auto failures_before = metric(probe, "blkfence_control_accept_failures_total");
     const double cpu_before = cpu_seconds();
     const auto started = Clock::now();
     emfile = measure("out of descriptors", probe, false);
-    const double wall = std::chrono::duration<double>(Clock::now() - started).count();
-    cpu_share = (cpu_seconds() - cpu_before) / wall;
+    emfile_seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    cpu_share = (cpu_seconds() - cpu_before) / emfile_seconds;
+    const auto failures_after = metric(probe, "blkfence_control_accept_failures_total");
+    ASSERT_TRUE(failures_before && failures_after);
+    accept_failures = *failures_after - *failures_before;
     filler.clear();
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
   }
@@ -323,8 +334,11 @@ TEST_F(AbuseTest, FencingStaysOnlineWhileLocalUsersAbuseTheControlSocket) {
   print("without abuse", quiet);
   print("under abuse", abused);
   print("out of descriptors", emfile);
-  std::printf("%-22s acquire %lld ms; CPU while accept failed %.0f%% of one core\n", "after EMFILE",
-              static_cast<long long>(after_emfile.count()), cpu_share * 100);
+  std::printf(
+      "%-22s acquire %lld ms; while accept failed: %.0f failures in %.1f s, CPU %.0f%% of "
+      "one core\n",
+      "after EMFILE", static_cast<long long>(after_emfile.count()), accept_failures, emfile_seconds,
+      cpu_share * 100);
 
   EXPECT_LE(abused.acquire_max, kAcquireMax);
   EXPECT_LE(abused.check_age_max, kCheckAgeMax);
@@ -332,7 +346,10 @@ TEST_F(AbuseTest, FencingStaysOnlineWhileLocalUsersAbuseTheControlSocket) {
   EXPECT_LE(emfile.check_age_max, kCheckAgeMax);
   EXPECT_LE(emfile.check_period_ms, 3.0 * kCheckInterval.count());
   EXPECT_LE(after_emfile, kAcquireMax);
-  EXPECT_LT(cpu_share, 0.5) << "the loop spins while accept fails";
+  // One try per 1 s pause, not one per loop iteration (the CPU share is printed, not asserted:
+  // on a shared machine it says more about the neighbours than about the loop).
+  EXPECT_GE(accept_failures, 1) << "accept never failed: the phase did not run out of descriptors";
+  EXPECT_LE(accept_failures, emfile_seconds + 2) << "the loop retries accept while it fails";
 }
 
 }  // namespace
