@@ -92,7 +92,7 @@ DaemonEnv system_daemon_env() {
           }};
 }
 
-Result<std::unique_ptr<Daemon>> Daemon::make(Config config, DaemonEnv env) {
+Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->config_ = std::move(config);
   const Config& c = daemon->config_;
@@ -858,10 +858,11 @@ void Daemon::start_keys_reads() {
     }
     read.in_flight = true;
     ++keys_reads_in_flight_;
-    engine_->start(std::move(requests), now(),
-                   [this, name](std::vector<pr::Response> responses, pr::Time) {
-                     answer_keys(name, responses);
-                   });
+    engine_->start(
+        std::move(requests), now(),
+        [this, resource_name = name](const std::vector<pr::Response>& responses, pr::Time) {
+          answer_keys(resource_name, responses);
+        });
   }
 }
 

@@ -58,8 +58,8 @@ class Daemon final : public fence::Observer, public ControlHandler {
  public:
   // Resolves every resource's devices, opens the transport, binds the control socket. Nothing is
   // sent to a device until run().
-  [[nodiscard]] static Result<std::unique_ptr<Daemon>> make(Config config,
-                                                            DaemonEnv env = system_daemon_env());
+  [[nodiscard]] static Result<std::unique_ptr<Daemon>> make(
+      Config config, const DaemonEnv& env = system_daemon_env());
   ~Daemon() override;
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
