@@ -12,6 +12,7 @@
 //
 // Needs root (the abusers run as other uids), and exits 77 otherwise; CI runs as root.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -308,14 +309,22 @@ TEST_F(AbuseTest, FencingStaysOnlineWhileLocalUsersAbuseTheControlSocket) {
     rlimit low = saved;
     low.rlim_cur = std::min<rlim_t>(saved.rlim_cur, 1024);
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
-    std::vector<UniqueFd> filler;
-    for (rlim_t i = 0; i < low.rlim_cur; ++i) {
-      UniqueFd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-      if (!fd.valid()) {
-        break;
+    // The abusers' churn makes the daemon close connections, which frees descriptors: a hog takes
+    // every free one, again every 5 ms (an abuser's pace), for the whole phase.
+    std::atomic<bool> hogging{true};
+    std::thread hog([&] {
+      std::vector<UniqueFd> held;
+      while (hogging) {
+        for (;;) {
+          UniqueFd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+          if (!fd.valid()) {
+            break;
+          }
+          held.push_back(std::move(fd));
+        }
+        std::this_thread::sleep_for(5ms);
       }
-      filler.push_back(std::move(fd));
-    }
+    });
     const auto failures_before = metric(probe, "blkfence_control_accept_failures_total");
     const double cpu_before = cpu_seconds();
     const auto started = Clock::now();
@@ -325,7 +334,8 @@ TEST_F(AbuseTest, FencingStaysOnlineWhileLocalUsersAbuseTheControlSocket) {
     const auto failures_after = metric(probe, "blkfence_control_accept_failures_total");
     ASSERT_TRUE(failures_before && failures_after);
     accept_failures = *failures_after - *failures_before;
-    filler.clear();
+    hogging = false;
+    hog.join();
     ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
   }
   const auto after_emfile = acquire_once("after EMFILE");
