@@ -2,7 +2,9 @@
 // every read op is open to any user; every state change is open to root, to a peer whose primary
 // or supplementary group is control_group, and to nobody else, including when no control_group is
 // configured or the configured one does not exist. It also proves the group is looked up only
-// when the decision needs it (a read, or root, never waits on NSS).
+// when the decision needs it (a read, or root, never waits on NSS). The matrix at the end checks
+// every peer kind against every configuration and op at once, and that privileged() (the control
+// socket's reserved places) agrees with the right to change state in every cell.
 #include "access.h"
 
 #include <gtest/gtest.h>
@@ -22,7 +24,7 @@ std::optional<gid_t> fake_lookup(const std::string& name) {
 }
 
 constexpr Op kReads[] = {Op::kStatus, Op::kKeys, Op::kWatch, Op::kGate, Op::kMetrics};
-constexpr Op kChanges[] = {Op::kAcquire, Op::kRelease, Op::kFence, Op::kUnfence};
+constexpr Op kChanges[] = {Op::kAcquire, Op::kRelease, Op::kFence, Op::kUnfence, Op::kPromote};
 
 class AccessTest : public ::testing::Test {
  protected:
@@ -85,7 +87,7 @@ TEST_F(AccessTest, OtherUsersMayNotChange) {
   for (const Op op : kChanges) {
     EXPECT_FALSE(may_run(op, other, "blkfence", fake_lookup)) << control::to_string(op);
   }
-  EXPECT_EQ(g_lookups, 4);  // the group is looked up when it decides
+  EXPECT_EQ(g_lookups, 5);  // the group is looked up when it decides
 }
 
 TEST_F(AccessTest, AGroupThatDoesNotExistAdmitsNobodyButRoot) {
@@ -100,6 +102,42 @@ TEST_F(AccessTest, GroupIdReadsTheGroupDatabase) {
   // Group 0 is root's on every Linux system; its name is whatever this system calls it.
   EXPECT_EQ(group_id("root"), std::optional<gid_t>(0));
   EXPECT_EQ(group_id("blkfence-no-such-group-x"), std::nullopt);
+}
+
+TEST_F(AccessTest, TheMatrixOfPeersGroupsAndOps) {
+  struct PeerCase {
+    const char* what;
+    Peer peer;
+    bool member;  // of "blkfence" (gid kControlGid)
+  };
+  const PeerCase peers[] = {
+      {"root", {.pid = 1, .uid = 0, .gid = 0, .groups = {}}, false},
+      {"root in another group", {.pid = 1, .uid = 0, .gid = 100, .groups = {27}}, false},
+      {"primary member", {.pid = 1, .uid = kUser, .gid = kControlGid, .groups = {}}, true},
+      {"supplementary member",
+       {.pid = 1, .uid = kUser, .gid = 100, .groups = {27, kControlGid}},
+       true},
+      {"other user", {.pid = 1, .uid = kUser, .gid = 100, .groups = {27, 100}}, false},
+      {"nobody", {.pid = 1, .uid = 65534, .gid = 65534, .groups = {}}, false},
+      {"uid 0 elsewhere only",
+       {.pid = 1, .uid = kUser, .gid = 0, .groups = {0}},
+       false},  // group root is not user root
+  };
+  for (const std::string group : {"", "blkfence", "no-such-group"}) {
+    for (const PeerCase& c : peers) {
+      const bool root = c.peer.uid == 0;
+      const bool may_change = root || (group == "blkfence" && c.member);
+      EXPECT_EQ(privileged(c.peer, group, fake_lookup), may_change)
+          << c.what << ", control_group \"" << group << "\"";
+      for (const Op op : kReads) {
+        EXPECT_TRUE(may_run(op, c.peer, group, fake_lookup)) << c.what << " " << to_string(op);
+      }
+      for (const Op op : kChanges) {
+        EXPECT_EQ(may_run(op, c.peer, group, fake_lookup), may_change)
+            << c.what << ", control_group \"" << group << "\", " << to_string(op);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -153,7 +153,13 @@ Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resou
   return lus;
 }
 
-Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
+DaemonEnv system_daemon_env() {
+  return {.transport = transport_for, .resolve = [](const ResourceConfig& resource) {
+            return resolve_devices(resource, pr::system_discovery_env());
+          }};
+}
+
+Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->config_ = std::move(config);
   const Config& c = daemon->config_;
@@ -173,7 +179,8 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
   if (const int r = sd_event_default(&daemon->event_); r < 0) {
     return tl::unexpected(Error::os(-r, "sd_event_default"));
   }
-  auto made_transport = transport_for(c.transport);
+  daemon->resolve_ = env.resolve;
+  auto made_transport = env.transport(c.transport);
   if (!made_transport) {
     return tl::unexpected(made_transport.error());
   }
@@ -189,11 +196,10 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config) {
   daemon->epochs_ = fence::make_file_epoch_store(c.state_dir);
   daemon->gate_ = std::make_unique<Gate>(daemon->event_, c.run_dir);
 
-  const auto env = pr::system_discovery_env();
   for (const auto& resource : c.resources) {
     // The gate is closed until the protocol says otherwise, whatever a previous run left.
     daemon->gate_->close(resource.name);
-    auto lus = resolve_devices(resource, env);
+    auto lus = env.resolve(resource);
     if (!lus && absent(lus.error())) {
       // A LU not visible yet (an iSCSI login still to come): the resource waits with its gate
       // closed, and its devices are resolved again on device events (Daemon::rescan).
@@ -324,6 +330,7 @@ int Daemon::on_timer(sd_event_source*, std::uint64_t, void*) {
 int Daemon::on_post(sd_event_source*, void* self) {
   auto* daemon = static_cast<Daemon*>(self);
   daemon->tick();
+  daemon->start_keys_reads();
   daemon->schedule();
   return 0;
 }
@@ -400,7 +407,7 @@ void Daemon::rescan() {
   }
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     const ResourceConfig* config = config_of(it->first);
-    auto lus = resolve_devices(*config, env);
+    auto lus = resolve_(*config);
     if (!lus) {
       if (std::string missing = missing_device(lus.error(), it->first); missing != it->second) {
         log(Priority::kWarning,
@@ -684,6 +691,22 @@ std::string Daemon::metrics_text() const {
        [&](const fence::Resource& r) { return seconds(r.counters().check_latency_max); });
   each("blkfence_check_latency_seconds_last", "gauge", "Latest monitor round.",
        [&](const fence::Resource& r) { return seconds(r.counters().check_latency_last); });
+  // The control socket's limits at work (docs/control-protocol.md, "Limits"): not per resource.
+  const ControlCounters& control = control_->counters();
+  const auto counter = [&](const char* name, const char* help, std::uint64_t value) {
+    family(name, "counter", help);
+    text += std::string(name) + " " + std::to_string(value) + "\n";
+  };
+  counter("blkfence_control_refused_total",
+          "Control connections refused busy (every place the peer may take was taken, or its "
+          "uid's share).",
+          control.refused_busy + control.refused_per_uid);
+  counter("blkfence_control_dropped_total",
+          "Control clients dropped: a partial line or silence past its timeout, or output unread.",
+          control.dropped_partial_line + control.dropped_idle + control.dropped_unread);
+  counter("blkfence_control_accept_failures_total",
+          "accept(2) calls on the control socket that failed for want of descriptors or memory.",
+          control.accept_failures);
   return text;
 }
 
@@ -736,8 +759,15 @@ struct Daemon::Pending {
   ~Pending() { sd_event_source_disable_unref(timer); }
 };
 
+bool Daemon::privileged(const Peer& peer) {
+  return daemon::privileged(peer, config_.control_group);
+}
+
 void Daemon::on_disconnect(ClientId client) {
   watchers_.erase(client);
+  for (auto& [name, read] : keys_reads_) {
+    std::erase_if(read.waiting, [&](const auto& waiting) { return waiting.first == client; });
+  }
   // An acquire or promote whose caller went away stops before its next PR OUT that could take a
   // LU: a pre_promote that Patroni killed must never preempt the primary that came after it.
   for (const auto& [name, weak] : cancellable_) {
@@ -803,6 +833,9 @@ void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
                                                     {"node", config_.node_id}}));
       return;
     case Op::kWatch:
+      if (!watchers_.contains(client)) {
+        control_->hold(client);  // a stream, silent between events: never idle
+      }
       watchers_[client] = request.resource;
       control_->send(client, encode_ok(request.id, {{"resources", statuses()}}));
       return;
@@ -852,6 +885,7 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
   pending->client = client;
   pending->id = request.id;
   pending->resource = resource.name();
+  control_->hold(client);
   if (request.timeout) {
     std::uint64_t now_usec = 0;
     (void)sd_event_now(event_, kClock, &now_usec);
@@ -865,6 +899,7 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
           Pending& waiting = **p;
           if (!waiting.answered) {
             waiting.answered = true;
+            waiting.daemon->control_->release_hold(waiting.client);
             fence::Resource* running = waiting.daemon->find(waiting.resource);
             const bool cancellable = waiting.daemon->cancellable_.contains(waiting.resource) &&
                                      waiting.daemon->cancellable_[waiting.resource].lock() == *p;
@@ -897,6 +932,7 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
       return;
     }
     pending->answered = true;
+    control_->release_hold(pending->client);
     sd_event_source_disable_unref(pending->timer);
     pending->timer = nullptr;
     fence::Resource* r = find(pending->resource);
@@ -934,38 +970,77 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
 }
 
 void Daemon::read_keys(ClientId client, const Request& request, fence::Resource& resource) {
-  std::vector<pr::Request> requests;
-  for (const auto& lu : resource.options().lus) {
-    requests.push_back(pr::read_keys_request(lu));
-    requests.push_back(pr::read_reservation_request(lu));
+  KeysRead& read = keys_reads_[resource.name()];
+  if (read.waiting.size() >= kKeysWaitingMax) {
+    reply_error(client, request.id, ReplyError::kBusy,
+                std::to_string(kKeysWaitingMax) + " keys requests of " + resource.name() +
+                    " are already waiting for its read; ask again");
+    return;
   }
-  const std::string& name = resource.name();
-  const std::uint64_t id = request.id;
-  engine_->start(std::move(requests), now(),
-                 [this, client, id, name](std::vector<pr::Response> responses, pr::Time) {
-                   fence::Resource* r = find(name);
-                   ResourceStatus status = status_of(*r);
-                   for (std::size_t i = 0; i < status.lus.size(); ++i) {
-                     LuStatus& lu = status.lus[i];
-                     lu.keys.clear();
-                     lu.holder.reset();
-                     lu.error.clear();
-                     auto& keys = responses[2 * i].data;
-                     auto& reservation = responses[2 * i + 1].data;
-                     if (!keys || !reservation) {
-                       lu.error = (!keys ? keys.error() : reservation.error()).message();
-                       continue;
-                     }
-                     if (auto decoded = codec::decode_read_keys(*keys)) {
-                       lu.keys = decoded->keys;
-                     }
-                     if (auto decoded = codec::decode_read_reservation(*reservation);
-                         decoded && decoded->reservation) {
-                       lu.holder = decoded->reservation->key;
-                     }
-                   }
-                   control_->send(client, encode_ok(id, {{"status", to_json(status)}}));
-                 });
+  read.waiting.emplace_back(client, request.id);
+  control_->hold(client);
+  start_keys_reads();
+}
+
+// Client reads come after the protocol's: none starts while a batch of a monitor round or an
+// operation is open on the engine (they share the transport, and each LU's task set at the
+// target), and one read per resource answers every `keys` request that arrived before it ended, so
+// a flood of requests costs the LUs one READ KEYS and one READ RESERVATION at a time. Called after
+// every dispatch of the loop.
+void Daemon::start_keys_reads() {
+  for (auto& [name, read] : keys_reads_) {
+    if (engine_->open_batches() > keys_reads_in_flight_) {
+      return;
+    }
+    if (read.in_flight || read.waiting.empty()) {
+      continue;
+    }
+    const fence::Resource* resource = find(name);
+    std::vector<pr::Request> requests;
+    for (const auto& lu : resource->options().lus) {
+      requests.push_back(pr::read_keys_request(lu));
+      requests.push_back(pr::read_reservation_request(lu));
+    }
+    read.in_flight = true;
+    ++keys_reads_in_flight_;
+    engine_->start(
+        std::move(requests), now(),
+        [this, resource_name = name](const std::vector<pr::Response>& responses, pr::Time) {
+          answer_keys(resource_name, responses);
+        });
+  }
+}
+
+void Daemon::answer_keys(const std::string& name, const std::vector<pr::Response>& responses) {
+  KeysRead& read = keys_reads_[name];
+  read.in_flight = false;
+  --keys_reads_in_flight_;
+  const auto waiting = std::exchange(read.waiting, {});
+  ResourceStatus status = status_of(*find(name));
+  for (std::size_t i = 0; i < status.lus.size(); ++i) {
+    LuStatus& lu = status.lus[i];
+    lu.keys.clear();
+    lu.holder.reset();
+    lu.error.clear();
+    const auto& keys = responses[2 * i].data;
+    const auto& reservation = responses[2 * i + 1].data;
+    if (!keys || !reservation) {
+      lu.error = (!keys ? keys.error() : reservation.error()).message();
+      continue;
+    }
+    if (auto decoded = codec::decode_read_keys(*keys)) {
+      lu.keys = decoded->keys;
+    }
+    if (auto decoded = codec::decode_read_reservation(*reservation);
+        decoded && decoded->reservation) {
+      lu.holder = decoded->reservation->key;
+    }
+  }
+  const nlohmann::json body = {{"status", to_json(status)}};
+  for (const auto& [client, id] : waiting) {
+    control_->release_hold(client);
+    control_->send(client, encode_ok(id, body));
+  }
 }
 
 }  // namespace blkfence::daemon

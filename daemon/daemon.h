@@ -9,6 +9,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -45,11 +46,21 @@ using namespace control;
 [[nodiscard]] Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resource,
                                                                    const pr::DiscoveryEnv& env);
 
+// What Daemon::make() takes from the system: the transport the configuration names and the LUs of
+// a resource's devices. The daemon's tests replace both to run it on a simulated target.
+struct DaemonEnv {
+  std::function<Result<std::unique_ptr<transport::Transport>>(const std::string& kind)> transport;
+  std::function<Result<std::vector<pr::LogicalUnit>>(const ResourceConfig& resource)> resolve;
+};
+// io_uring or SG_IO as configured, and resolve_devices() on /sys and /dev.
+DaemonEnv system_daemon_env();
+
 class Daemon final : public fence::Observer, public ControlHandler {
  public:
   // Resolves every resource's devices, opens the transport, binds the control socket. Nothing is
   // sent to a device until run().
-  [[nodiscard]] static Result<std::unique_ptr<Daemon>> make(Config config);
+  [[nodiscard]] static Result<std::unique_ptr<Daemon>> make(
+      Config config, const DaemonEnv& env = system_daemon_env());
   ~Daemon() override;
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
@@ -63,6 +74,7 @@ class Daemon final : public fence::Observer, public ControlHandler {
   // ControlHandler
   void on_line(ClientId client, const Peer& peer, std::string_view line, bool too_large) override;
   void on_disconnect(ClientId client) override;
+  bool privileged(const Peer& peer) override;
 
  private:
   struct Pending;
@@ -100,6 +112,8 @@ class Daemon final : public fence::Observer, public ControlHandler {
   void handle_resource(ClientId client, const Request& request, fence::Resource& resource);
   void run_operation(ClientId client, const Request& request, fence::Resource& resource);
   void read_keys(ClientId client, const Request& request, fence::Resource& resource);
+  void start_keys_reads();
+  void answer_keys(const std::string& name, const std::vector<pr::Response>& responses);
   void broadcast(Event event, const fence::Resource& resource);
 
   Config config_;
@@ -119,8 +133,20 @@ class Daemon final : public fence::Observer, public ControlHandler {
   // Resources whose devices this host does not have yet, and why: no fence::Resource until they
   // resolve (Daemon::rescan), gate closed, state "unknown" in status.
   std::map<std::string, std::string> waiting_;
+  // The environment's resolve (DaemonEnv), for waiting resources.
+  std::function<Result<std::vector<pr::LogicalUnit>>(const ResourceConfig&)> resolve_;
   std::unique_ptr<ControlServer> control_;
   std::map<ClientId, std::string> watchers_;  // client -> resource ("" for all)
+  // The `keys` requests of each resource, answered together by one read (docs/control-protocol.md,
+  // "keys"): at most one in flight per resource, none started while the protocol's batches are
+  // open.
+  struct KeysRead {
+    std::vector<std::pair<ClientId, std::uint64_t>> waiting;  // client, request id
+    bool in_flight = false;
+  };
+  static constexpr std::size_t kKeysWaitingMax = 256;
+  std::map<std::string, KeysRead> keys_reads_;
+  std::size_t keys_reads_in_flight_ = 0;
   // The running acquire or promote of each resource, and whose: cancelled when its caller
   // disconnects or its --timeout passes (docs/control-protocol.md).
   std::map<std::string, std::weak_ptr<Pending>> cancellable_;

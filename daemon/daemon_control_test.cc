@@ -7,6 +7,11 @@
 // supplementary, read by SO_PEERCRED and SO_PEERGROUPS) may ask for changes, another user may read
 // but is told permission-denied for a change. Those last ones run the client in a child process
 // with another uid and gid, so they need root (CI runs as root) and skip otherwise.
+// With a resource on a simulated target (sim_daemon_testing.h, the daemon on a thread of its own):
+// a `watch` client that never reads is dropped once its unread output passes the bound, and the
+// daemon goes on answering others; and `keys` requests of many clients at once share one read of
+// the LUs at a time (the device never sees more than that read's commands beside the monitor's),
+// and each gets the read's answer.
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
@@ -21,6 +26,7 @@
 #include "daemon.h"
 #include "glue_testing.h"
 #include "log.h"
+#include "sim_daemon_testing.h"
 
 namespace blkfence::daemon {
 namespace {
@@ -331,6 +337,138 @@ TEST_F(DaemonControlTest, ASupplementaryGroupMemberOfControlGroupMayChange) {
       ask_as(user->uid, kOtherGid, {user->gid}, request(control::Op::kUnfence, "pgdata"));
   ASSERT_TRUE(change.error);
   EXPECT_EQ(change.error->code, control::ReplyError::kUnknownResource) << change.error->message;
+}
+
+// A daemon with one resource on one simulated LU, run on its own thread.
+class SimDaemonTest : public ::testing::Test {
+ protected:
+  static constexpr std::chrono::seconds kWait{20};  // far beyond any answer here; a failure
+
+  void SetUp() override { set_log_target(LogTarget::kStderr); }
+
+  void start(std::chrono::microseconds latency = std::chrono::microseconds(500)) {
+    devices_ = std::make_unique<testing::SimDevices>(latency);
+    Config config;
+    config.cluster = "glue";
+    config.node_id = 7;
+    config.state_dir = dir_ / "state";
+    config.run_dir = dir_ / "run";
+    ResourceConfig resource;
+    resource.name = "pgdata";
+    resource.devices = {"lu0"};
+    resource.check_interval = std::chrono::milliseconds(100);
+    resource.lease = std::chrono::milliseconds(1000);
+    resource.command_timeout = std::chrono::milliseconds(500);
+    resource.on_fenced.action = OnFencedAction::kNone;
+    config.resources = {resource};
+    daemon_ = std::make_unique<testing::DaemonThread>(std::move(config), devices_->env());
+    ASSERT_EQ(daemon_->error(), "");
+  }
+  void TearDown() override {
+    if (daemon_) {
+      EXPECT_EQ(daemon_->stop(), 0);
+    }
+    daemon_.reset();
+  }
+  std::string socket_path() const { return dir_ / "run/control.sock"; }
+
+  // Waits, on a watch of its own, until the resource's first read has told its state.
+  void await_state_known() {
+    testing::LineClient watch(socket_path());
+    const auto reply = ask(watch, request(control::Op::kWatch, "pgdata", 1));
+    ASSERT_TRUE(reply.ok);
+    std::string state = reply.body["resources"][0].value("state", "");
+    while (state == "unknown") {
+      const auto line = watch.read_line(kWait);
+      ASSERT_TRUE(line) << "no event while the state is unknown";
+      state = nlohmann::json::parse(*line)["status"].value("state", "");
+    }
+  }
+
+  control::Reply ask(testing::LineClient& client, const control::Request& request) {
+    if (!client.write(control::encode_request(request))) {
+      ADD_FAILURE() << "cannot send " << control::to_string(request.op);
+      return {};
+    }
+    const auto line = client.read_line(kWait);
+    if (!line) {
+      ADD_FAILURE() << "no reply to " << control::to_string(request.op);
+      return {};
+    }
+    auto reply = control::parse_reply(*line);
+    if (!reply) {
+      ADD_FAILURE() << "unreadable reply " << *line;
+      return {};
+    }
+    return *reply;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<testing::SimDevices> devices_;
+  std::unique_ptr<testing::DaemonThread> daemon_;
+};
+
+TEST_F(SimDaemonTest, AWatcherThatNeverReadsIsDroppedAndTheDaemonGoesOn) {
+  start();
+  testing::LineClient watcher(socket_path());
+  ASSERT_TRUE(watcher.connected());
+  // The smallest receive buffer the kernel allows: what it does not take piles up in the daemon.
+  const int small = 1;
+  (void)::setsockopt(watcher.fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  ASSERT_TRUE(watcher.write(control::encode_request(request(control::Op::kWatch, "pgdata", 1))));
+  // Events (an acquire and a release each bring several) and replies to requests it never reads:
+  // a few MiB in all, beyond the 1 MiB the daemon keeps for one client plus the socket buffers.
+  await_state_known();
+  testing::LineClient root(socket_path());
+  const auto acquired = ask(root, request(control::Op::kAcquire, "pgdata", 2));
+  ASSERT_TRUE(acquired.ok) << acquired.error->message;
+  ASSERT_TRUE(ask(root, request(control::Op::kRelease, "pgdata", 3)).ok);
+  std::string flood;
+  for (std::uint64_t id = 10; id < 2010; ++id) {
+    flood += control::encode_request(request(control::Op::kMetrics, "", id));
+  }
+  (void)watcher.write(flood);  // the daemon may drop it before it has sent everything
+  EXPECT_TRUE(watcher.closed_within(kWait));
+  // Everyone else is served, and the daemon still acts.
+  testing::LineClient next(socket_path());
+  EXPECT_TRUE(ask(next, request(control::Op::kStatus, "", 4)).ok);
+  EXPECT_TRUE(ask(root, request(control::Op::kAcquire, "pgdata", 5)).ok);
+}
+
+TEST_F(SimDaemonTest, KeysRequestsOfManyClientsShareOneReadAtATime) {
+  // 5 ms a command: the requests all arrive while the first read is on the device.
+  start(std::chrono::milliseconds(5));
+  await_state_known();
+  testing::LineClient root(socket_path());
+  const auto acquired = ask(root, request(control::Op::kAcquire, "pgdata", 1));
+  ASSERT_TRUE(acquired.ok) << acquired.error->message;
+  const std::string key = acquired.body.value("key", "");
+  constexpr std::size_t kClients = 40;  // root: no per-uid limit
+  std::vector<std::unique_ptr<testing::LineClient>> clients;
+  for (std::size_t i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<testing::LineClient>(socket_path()));
+  }
+  devices_->stats().in_flight_max = 0;
+  const std::uint64_t commands_before = devices_->stats().commands;
+  for (std::size_t i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(
+        clients[i]->write(control::encode_request(request(control::Op::kKeys, "pgdata", i))));
+  }
+  for (std::size_t i = 0; i < kClients; ++i) {
+    const auto line = clients[i]->read_line(kWait);
+    ASSERT_TRUE(line) << "no answer to keys " << i;
+    const auto reply = control::parse_reply(*line);
+    ASSERT_TRUE(reply && reply->ok) << *line;
+    EXPECT_EQ(reply->id, i);
+    const auto& lu = reply->body["status"]["lus"][0];
+    EXPECT_EQ(lu.value("holder", ""), key) << *line;
+    EXPECT_EQ(lu.value("error", nlohmann::json()), nlohmann::json()) << *line;
+  }
+  // One keys read is READ KEYS and READ RESERVATION; a monitor round is at most the same two.
+  EXPECT_LE(devices_->stats().in_flight_max.load(), 4U);
+  // The 40 requests cost a handful of reads, not 40 (80 commands), whatever the monitor did.
+  const std::uint64_t commands = devices_->stats().commands - commands_before;
+  EXPECT_LT(commands, 40U) << commands << " commands";
 }
 
 }  // namespace
