@@ -499,7 +499,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
     note += ": stored " + std::to_string(stored_->used) + " as the epoch last used and " +
             std::to_string(stored_->seen) + " as the highest seen";
   }
-  const auto with_note = [&note](std::string detail) {
+  const auto with_note = [&note](const std::string& detail) {
     return note.empty() ? detail : detail + " (" + note + ")";
   };
   if (const std::optional<Key> key = adoptable(reads, stored)) {
