@@ -1,4 +1,4 @@
-// The persisted high-water epoch (fence layer). See epoch_store.h.
+// The persisted epochs of each resource (fence layer). See epoch_store.h.
 #include "blkfence/fence/epoch_store.h"
 
 #include <cerrno>

@@ -376,9 +376,9 @@ void Resource::start(Time now) {
   });
 }
 
-// docs/protocol.md, "APTPL": where every LU reports PTPL_C, our REGISTERs carry APTPL=1 and the
-// target keeps the registrations and the reservation across a power loss (SPC-4 5.13.5); where one
-// does not, or did not answer, none does (APTPL=1 to a LU without PTPL_C is an ILLEGAL REQUEST).
+// docs/protocol.md, "Power loss and APTPL": where every LU reports PTPL_C, our REGISTERs carry
+// APTPL=1 and the target keeps the registrations and the reservation across a power loss (SPC-4
+// 5.13.5); where one does not, none does (APTPL=1 to a LU without PTPL_C is an ILLEGAL REQUEST).
 // Read at the start (capabilities do not change under a running target), and again before an
 // operation registers if a LU did not answer then.
 void Resource::read_capabilities(Time now, std::function<void(Time)> then) {
@@ -499,7 +499,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
     note += ": stored " + std::to_string(stored_->used) + " as the epoch last used and " +
             std::to_string(stored_->seen) + " as the highest seen";
   }
-  const auto with_note = [&note](std::string detail) {
+  const auto with_note = [&note](const std::string& detail) {
     return note.empty() ? detail : detail + " (" + note + ")";
   };
   if (const std::optional<Key> key = adoptable(reads, stored)) {
