@@ -130,22 +130,6 @@ TEST_F(EpochStoreTest, EioOnFsyncOfTheDirectory) {
   EXPECT_TRUE(*loaded == same(41) || *loaded == same(42));
 }
 
-// A real read-only directory, where the test can make one (root ignores the mode bits).
-TEST_F(EpochStoreTest, ARealReadOnlyDirectoryFailsOnCreate) {
-  auto real = make_file_epoch_store(dir.path());
-  ASSERT_TRUE(real->store("pgdata", same(7)).has_value());
-  std::filesystem::permissions(
-      dir.path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
-  const auto stored = real->store("pgdata", same(8));
-  std::filesystem::permissions(dir.path(), std::filesystem::perms::owner_all);
-  if (stored.has_value()) {
-    GTEST_SKIP() << "mode bits do not bind this user (root): covered by ReadOnlyDirectoryOnCreate";
-  }
-  EXPECT_EQ(stored.error().errno_value(), EACCES);
-  EXPECT_NE(stored.error().message().find("create " + path() + ".new"), std::string::npos);
-  EXPECT_EQ(real->load("pgdata").value(), same(7));
-}
-
 TEST_F(EpochStoreTest, AnUnreadableFileNamesItself) {
   ASSERT_TRUE(store->store("pgdata", same(5)).has_value());
   faults->open_read = EACCES;

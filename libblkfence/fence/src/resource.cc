@@ -466,6 +466,13 @@ void Resource::probe_read(const Reads& reads, Time now) {
     end(fail(ErrorCode::kIndeterminate, detail_), now);
     return;
   }
+  if (now - reads.started >= options_.lease) {
+    // A read that took a lease or more (a hung path it failed over from, a stalled daemon) would
+    // adopt a key and open its gate with the lease already over (S2): read again, undecided.
+    probe_done_ = state_ != State::kUnknown;
+    read_all(true, now, [this](const Reads& again, Time at) { probe_read(again, at); });
+    return;
+  }
   last_read_ok_ = reads.started;
   // The epoch of the last key this node drew and did not give up (acquire stores it before
   // registering; release and a failed acquire store one more).
