@@ -623,7 +623,12 @@ int run_command(const DaemonOptions& options, const std::vector<std::string>& ar
         return result;
       }
     }
-    // After what was read: a run that was stopped itself reads the daemon's events first.
+    // After everything that is waiting is read: a run that was stopped itself reads what the
+    // daemon said meanwhile (an answer from before the stop, then the fenced event) first.
+    pollfd more{.fd = client->fd(), .events = POLLIN, .revents = 0};
+    if (client->has_line() || ::poll(&more, 1, 0) > 0) {
+      continue;
+    }
     if (Clock::now() - confirmed >= lease) {
       kill_all(
           "blkfenced did not confirm the gate of " + options.resource + " for the lease (" +

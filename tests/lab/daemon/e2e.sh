@@ -178,7 +178,9 @@ bf_stop A
 lab_expect "A's daemon restarts" bf_start A
 lab_expect_read "restarted A is released, not holding" released bf_field A db state
 lab_expect_read "S5: restarted A registered nothing" "$key_b " bf_keys_everywhere $db_lus
-lab_expect_eq "S3: A's persisted epoch is still $epoch_a" "$(cat "$BF/A/state/db.epoch")" "$epoch_a"
+# RESOURCE.epoch is "USED SEEN" (SEEN: the highest epoch of the cluster the node has read; the file
+# holds one number when both are the same): A used epoch_a and saw B's.
+lab_expect_eq "S3: A's persisted epochs are $epoch_a used, $epoch_b seen" "$(cat "$BF/A/state/db.epoch")" "$epoch_a $epoch_b"
 bf_stop B
 lab_expect "B's daemon restarts" bf_start B
 lab_expect_key "restarted B adopts its verified key" "$key_b" bf_field B db key
@@ -204,7 +206,7 @@ lab_expect "released B's token file is gone" test ! -e "$BF/B/run/db.token"
 # The reservation is not dropped: a LU without one would let any nexus write (docs/protocol.md).
 lab_expect_read "B's released key still holds every LU" "$key_b " bf_holders_everywhere $db_lus
 lab_expect_read "... and is the only key" "$key_b " bf_keys_everywhere $db_lus
-lab_expect_eq "S3: B's persisted epoch moved one past it" "$(cat "$BF/B/state/db.epoch")" "$((epoch_b + 1))"
+lab_expect_eq "S3: B's persisted epoch moved one past it" "$(awk '{ print $1 }' "$BF/B/state/db.epoch")" "$((epoch_b + 1))"
 bf_stop B
 lab_expect "B's daemon restarts after the release" bf_start B
 lab_expect_eq "restarted B does not adopt its released key" "$(bf_field B db state)/$(bf_field B db gate_open)" released/false
