@@ -797,6 +797,16 @@ void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
     resource = find(request.resource);
     if (const auto it = waiting_.find(request.resource);
         it != waiting_.end() && request.op != Op::kStatus && request.op != Op::kWatch) {
+      if (request.op == Op::kGate) {
+        // Closed, like any gate without a verified key (`gate check` exits 1, not 3).
+        control_->send(
+            client,
+            encode_ok(request.id, {{"open", false},
+                                   {"token", nullptr},
+                                   {"epoch", 0U},
+                                   {"lease_ms", config_of(request.resource)->lease.count()}}));
+        return;
+      }
       reply_error(client, request.id, ReplyError::kDevice,
                   "resource " + request.resource + " waits for its devices: " + it->second);
       return;

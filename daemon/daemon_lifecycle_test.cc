@@ -133,6 +133,13 @@ TEST_F(DaemonLifecycleTest, AResourceWhoseDeviceIsMissingWaitsInsteadOfStoppingT
             std::string::npos)
       << acquire.error->message;
   EXPECT_FALSE(std::filesystem::exists(dir_ / "run/pgdata.token"));
+
+  // Its gate is simply closed: what ExecCondition= and `gate check` ask.
+  const auto gate =
+      ask(event_, socket,
+          {.id = 3, .op = control::Op::kGate, .resource = "pgdata", .node = {}, .timeout = {}});
+  ASSERT_TRUE(gate.ok) << gate.body.dump();
+  EXPECT_EQ(gate.body["open"], false);
 }
 
 // Anything else wrong with a device is still a configuration error: a file that is not a device.
