@@ -404,10 +404,10 @@ namespace {
 // A resource's lease until blkfenced's first answer names it (blkfence.toml's default).
 constexpr std::chrono::milliseconds kDefaultLease{5000};
 
-// Every process descended from us (our pid excluded), read from /proc: the command, whatever it
-// started, and orphans re-parented to us as the subreaper.
+// Every living process descended from us (our pid and zombies excluded), read from /proc: the
+// command, whatever it started, and orphans re-parented to us as the subreaper.
 std::vector<pid_t> descendants() {
-  std::map<pid_t, std::vector<pid_t>> children;
+  std::map<pid_t, std::vector<std::pair<pid_t, char>>> children;  // ppid -> (pid, state)
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = entry.path().filename().string();
@@ -426,7 +426,7 @@ std::vector<pid_t> descendants() {
     char state = 0;
     pid_t ppid = 0;
     if (rest >> state >> ppid) {
-      children[ppid].push_back(static_cast<pid_t>(std::stol(name)));
+      children[ppid].emplace_back(static_cast<pid_t>(std::stol(name)), state);
     }
   }
   std::vector<pid_t> found;
@@ -434,9 +434,11 @@ std::vector<pid_t> descendants() {
   while (!queue.empty()) {
     const pid_t parent = queue.back();
     queue.pop_back();
-    for (const pid_t child : children[parent]) {
-      found.push_back(child);
-      queue.push_back(child);
+    for (const auto& [child, state] : children[parent]) {
+      if (state != 'Z') {  // a zombie is dead, and has no children left
+        found.push_back(child);
+        queue.push_back(child);
+      }
     }
   }
   return found;
@@ -447,27 +449,16 @@ std::vector<pid_t> descendants() {
 void kill_every_descendant(pid_t command) {
   ::kill(-command, SIGKILL);
   for (int round = 0; round < 100; ++round) {
-    bool alive = false;
-    for (const pid_t pid : descendants()) {
-      char state = 0;
-      std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-      std::string text;
-      std::getline(stat, text);
-      if (const auto close = text.rfind(')');
-          close != std::string::npos && close + 2 < text.size()) {
-        state = text[close + 2];
-      }
-      if (state != 'Z') {
-        ::kill(pid, SIGKILL);
-        alive = true;
-      }
+    const std::vector<pid_t> alive = descendants();
+    for (const pid_t pid : alive) {
+      ::kill(pid, SIGKILL);
     }
     // Orphans that died are our zombies now. (The command itself may be reaped here too; its
     // status does not matter once it has been killed.)
     int status = 0;
     while (::waitpid(-1, &status, WNOHANG | __WALL) > 0) {
     }
-    if (!alive) {
+    if (alive.empty()) {
       return;
     }
     std::this_thread::yield();
