@@ -5,7 +5,8 @@
 // and --force always proceed; the refusal names the device, its WWN, the resource, the socket and
 // --force. And ask_daemon(), against sockets in a temporary directory: no socket and a socket
 // nobody listens on are "no daemon", a daemon that keeps silent past the bound or answers an error
-// cannot tell, and a daemon's status reply gives its resources' LUs.
+// cannot tell, and so does a socket that cannot be reached for another reason or a daemon that
+// hangs up without an answer; a daemon's status reply gives its resources' LUs.
 #include "device_guard.h"
 
 #include <cerrno>
@@ -223,6 +224,36 @@ TEST_F(AskDaemonTest, ASocketNobodyListensOnIsNoDaemon) {
   const UniqueFd bound = bind_socket(false);
   ASSERT_TRUE(std::filesystem::exists(socket_));
   EXPECT_EQ(ask_daemon(socket_, kDaemonAnswerBound).kind, DaemonAnswer::Kind::kAbsent);
+}
+
+TEST_F(AskDaemonTest, ASocketThatCannotBeReachedCannotTell) {
+  // Not "no daemon": only a missing socket or ECONNREFUSED says that. (EACCES on the socket's
+  // directory is the case in practice; root, which runs the tests, is not refused, so a path too
+  // long for a unix socket stands in for it.)
+  const DaemonAnswer answer = ask_daemon(dir_ + "/" + std::string(120, 'x'), kDaemonAnswerBound);
+  EXPECT_EQ(answer.kind, DaemonAnswer::Kind::kSilent);
+  EXPECT_NE(answer.why.find("cannot be reached"), std::string::npos) << answer.why;
+}
+
+TEST_F(AskDaemonTest, ADaemonThatHangsUpWithoutAnAnswerCannotTell) {
+  const UniqueFd listener = bind_socket();
+  std::thread server([fd = listener.get()] {
+    // Reads the request first, so that the client's send cannot meet a closed socket instead.
+    const UniqueFd client(::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
+    std::string request;
+    char chunk[4096];
+    while (request.find('\n') == std::string::npos) {
+      const ssize_t got = ::recv(client.get(), chunk, sizeof chunk, 0);
+      if (got <= 0) {
+        return;
+      }
+      request.append(chunk, static_cast<std::size_t>(got));
+    }
+  });
+  const DaemonAnswer answer = ask_daemon(socket_, kDaemonAnswerBound);
+  server.join();
+  EXPECT_EQ(answer.kind, DaemonAnswer::Kind::kSilent);
+  EXPECT_NE(answer.why.find("did not answer ("), std::string::npos) << answer.why;
 }
 
 TEST_F(AskDaemonTest, ADaemonSilentPastTheBoundCannotTell) {
