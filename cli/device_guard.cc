@@ -115,7 +115,7 @@ std::string refusal_message(DeviceAction action, const Verdict& verdict, const D
       return text +
              "\n  a PR OUT from this host goes out on the daemon's own I_T nexuses and acts on its "
              "key behind its back.\n  To change these LUs, stop blkfenced first (or remove the "
-             "resource from blkfence.toml), or " +
+             "resource from blkfence.toml and restart it), or " +
              kForce + ".";
     }
     case Verdict::Kind::kWaiting: {
