@@ -3,7 +3,7 @@
 // nexus that the daemon registered its key on, so a REGISTER, UNREGISTER, RESERVE, RELEASE, PREEMPT
 // or CLEAR sent from here acts on the daemon's own registration and reservation behind its back:
 // it can remove or replace the holder, or put a fenced node's nexus back among the registrants
-// (S1, S5 in docs/design.md). The device mode asks the daemon at its control socket which LUs its
+// (S1, S5 in docs/protocol.md). The device mode asks the daemon at its control socket which LUs its
 // resources hold (`status`, open to every user: lus[].wwn) and refuses such an action on any of
 // them unless --force. judge() is the decision, a pure function; ask_daemon() is the question,
 // one blocking request with a bound. Single-threaded.
