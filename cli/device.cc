@@ -13,6 +13,9 @@
 #include "blkfence/pr/client.h"
 #include "blkfence/pr/discovery.h"
 
+#include "control_client.h"
+#include "device_guard.h"
+
 namespace blkfence::cli {
 namespace {
 
@@ -64,7 +67,8 @@ int urgency(Exit exit) {
     case Exit::kConflict: return 4;
     case Exit::kDevice: return 3;
     case Exit::kScsiError: return 2;
-    case Exit::kUsage: return 1;
+    case Exit::kUsage:
+    case Exit::kRefused: return 1;
     case Exit::kOk: return 0;
   }
   return 0;
@@ -310,6 +314,20 @@ Exit run_device(const DeviceOptions& o) {
   if (!lus) {
     std::cerr << "blkfencectl: " << lus.error().message() << '\n';
     return Exit::kDevice;
+  }
+  if (changes_reservations(o.action) && !o.force) {
+    const std::string socket = o.socket.empty() ? default_socket_path() : o.socket;
+    const DaemonAnswer daemon = ask_daemon(socket, kDaemonAnswerBound);
+    std::vector<Target> targets;
+    for (const auto& lu : *lus) {
+      targets.push_back({.device = lu.name, .wwn = lu.wwn});
+    }
+    const Verdict verdict = judge(o.action, o.force, daemon, targets);
+    if (verdict.kind != Verdict::Kind::kProceed) {
+      std::cerr << "blkfencectl: " << refusal_message(o.action, verdict, daemon, targets, socket)
+                << '\n';
+      return Exit::kRefused;
+    }
   }
   auto transport = transport::make_transport(o.transport);
   if (!transport) {

@@ -23,6 +23,9 @@ enum class Exit : int {
   kDevice = 3,         // a device is missing, not SCSI, or not accessible
   kConflict = 4,       // RESERVATION CONFLICT on a LU
   kIndeterminate = 5,  // no answer in time: the command may still execute; re-read the state
+  // A PR OUT refused before anything was sent: a local blkfenced manages a LU, or its socket did
+  // not say whether it does (device_guard.h). Not 6: the daemon commands' 6 means no daemon runs.
+  kRefused = 10,
 };
 
 enum class DeviceAction : std::uint8_t {
@@ -51,6 +54,10 @@ struct DeviceOptions {
   bool verbose = false;
   transport::TransportKind transport = transport::TransportKind::kAuto;
   std::chrono::milliseconds timeout{10'000};
+  // PR OUT actions: the control socket of the blkfenced to ask whether it manages the LUs (empty:
+  // $BLKFENCE_SOCKET or the default), and whether to send without asking.
+  std::string socket;
+  bool force = false;
 };
 
 // Runs the action, prints the report on stdout (errors on stderr), returns the exit status.

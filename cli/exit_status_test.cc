@@ -244,6 +244,7 @@ TEST_F(ExitStatusTest, BadArgumentsExit2) {
       {"device", "register", "/dev/null"},  // --key is required
       {"device", "reserve", "--key", "xyz", "/dev/null"},
       {"device", "keys", "--type", "exclusive-everything", "/dev/null"},
+      {"device", "keys", "--force", "/dev/null"},  // the PR IN actions neither ask nor force
   };
   for (const auto& args : cases) {
     const Outcome result = run(args);
@@ -260,7 +261,7 @@ TEST_F(ExitStatusTest, BadArgumentsExit2) {
 TEST_F(ExitStatusTest, HelpExits0AndDocumentsEveryStatus) {
   const Outcome result = run({"--help"});
   EXPECT_EQ(result.status, 0);
-  for (int status = 0; status <= 9; ++status) {
+  for (int status = 0; status <= 10; ++status) {
     EXPECT_NE(result.out.find("\n  " + std::to_string(status) + "  "), std::string::npos)
         << "exit status " << status << " is not in --help";
   }

@@ -12,6 +12,7 @@
 
 #include "daemon_commands.h"
 #include "device.h"
+#include "device_guard.h"
 
 namespace {
 
@@ -26,6 +27,8 @@ Exit status (device commands):
   3  a device is missing, not SCSI, or not accessible (or the transport could not start)
   4  RESERVATION CONFLICT on a LU
   5  a command got no answer in time: it may still execute; read the state again
+  10  refused, nothing sent: a local blkfenced manages a LU (or its socket did not say
+      whether it does); --force sends anyway
 When LUs end differently, the highest of 5, 4, 3, 1 wins.
 )";
 
@@ -37,6 +40,12 @@ the first path that answers. Commands to all LUs go out at once. Unit attentions
 (a command that got one did not execute); RESERVATION CONFLICT never is.
 Keys are hex, with or without 0x. Types: we (1), ea (3), we-ro (5, default), ea-ro (6),
 we-ar (7), ea-ar (8).
+The actions that send a PR OUT (register, unregister, reserve, release, preempt, preempt-abort,
+clear) first ask the local blkfenced (--socket, $BLKFENCE_SOCKET or /run/blkfence/control.sock)
+which LUs it manages, and refuse (exit 10) when it manages one of the LUs, has a resource still
+waiting for its devices, or does not answer within 2 s: this host's paths are the daemon's own
+I_T nexuses, and a PR OUT through them would act on its key and reservation behind its back.
+No socket, or nobody listening on it: they go ahead. --force sends without asking.
 
 Examples:
   blkfencectl device keys /dev/sdb /dev/sdc
@@ -249,6 +258,13 @@ int run(int argc, char** argv) {
     sub->add_flag("--verbose", args.options.verbose, "Print every attempt on every path");
     sub->add_option("--transport", args.transport, "auto (default), uring or sgio");
     sub->add_option("--timeout", args.timeout, "Per-command timeout (default 10s, at most 1h)");
+    if (blkfence::cli::changes_reservations(spec.action)) {
+      sub->add_option("--socket", args.options.socket,
+                      "The control socket of the blkfenced to ask whether it manages the LUs");
+      sub->add_flag("--force", args.options.force,
+                    "Send without asking the local blkfenced: on a LU it manages, this can "
+                    "remove or replace its key and reservation, or register a fenced node again");
+    }
     sub->callback([&args, &chosen, &spec] {
       chosen = [&args, &spec] {
         args.options.action = spec.action;
