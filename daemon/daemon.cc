@@ -154,9 +154,12 @@ Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resou
 }
 
 DaemonEnv system_daemon_env() {
-  return {.transport = transport_for, .resolve = [](const ResourceConfig& resource) {
-            return resolve_devices(resource, pr::system_discovery_env());
-          }};
+  return {.transport = transport_for,
+          .resolve =
+              [](const ResourceConfig& resource) {
+                return resolve_devices(resource, pr::system_discovery_env());
+              },
+          .group_lookup = group_id};
 }
 
 Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env) {
@@ -180,6 +183,13 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env
     return tl::unexpected(Error::os(-r, "sd_event_default"));
   }
   daemon->resolve_ = env.resolve;
+  // Once, here: the loop never waits on the group database (access.h).
+  daemon->control_group_ = resolve_control_group(c.control_group, env.group_lookup);
+  if (!c.control_group.empty() && !daemon->control_group_.gid) {
+    log(Priority::kWarning, "control_group " + c.control_group +
+                                " does not exist: only root may change state (a group created "
+                                "later counts after a restart of blkfenced)");
+  }
   auto made_transport = env.transport(c.transport);
   if (!made_transport) {
     return tl::unexpected(made_transport.error());
@@ -760,7 +770,7 @@ struct Daemon::Pending {
 };
 
 bool Daemon::privileged(const Peer& peer) {
-  return daemon::privileged(peer, config_.control_group);
+  return daemon::privileged(peer, control_group_);
 }
 
 void Daemon::on_disconnect(ClientId client) {
@@ -783,7 +793,7 @@ void Daemon::on_disconnect(ClientId client) {
 }
 
 void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
-  if (!may_run(request.op, peer, config_.control_group)) {
+  if (!may_run(request.op, peer, control_group_)) {
     reply_error(
         client, request.id, ReplyError::kPermissionDenied,
         std::string(to_string(request.op)) + " needs root" +

@@ -5,7 +5,9 @@
 // after every dispatch to the earliest of what the engine (retry back-offs) and the resources
 // (monitor rounds, lease expiry) asked for. The protocol itself is fence::Resource; this class
 // turns its decisions into effects (token files, on_fenced actions, journal records, sd_notify,
-// replies and watch events) and turns control requests into its operations.
+// replies and watch events) and turns control requests into its operations. Nothing on the loop
+// waits unbounded (docs/operations.md, "Blocking calls"): control_group is resolved once, at
+// start (access.h).
 #pragma once
 
 #include <chrono>
@@ -26,6 +28,7 @@
 #include "blkfence/transport/transport.h"
 #include "blkfence/unique_fd.h"
 
+#include "access.h"
 #include "config.h"
 #include "control_server.h"
 #include "gate.h"
@@ -51,6 +54,8 @@ using namespace control;
 struct DaemonEnv {
   std::function<Result<std::unique_ptr<transport::Transport>>(const std::string& kind)> transport;
   std::function<Result<std::vector<pr::LogicalUnit>>(const ResourceConfig& resource)> resolve;
+  // control_group's id by name: called once, by make() (access.h).
+  GroupLookup group_lookup = group_id;
 };
 // io_uring or SG_IO as configured, and resolve_devices() on /sys and /dev.
 DaemonEnv system_daemon_env();
@@ -117,7 +122,8 @@ class Daemon final : public fence::Observer, public ControlHandler {
   void broadcast(Event event, const fence::Resource& resource);
 
   Config config_;
-  UniqueFd run_lock_;  // run_dir/blkfenced.lock, flock()ed: one daemon per run_dir
+  ControlGroup control_group_;  // config_.control_group, resolved once by make()
+  UniqueFd run_lock_;           // run_dir/blkfenced.lock, flock()ed: one daemon per run_dir
   sd_event* event_ = nullptr;
   sd_event_source* transport_source_ = nullptr;
   sd_event_source* timer_source_ = nullptr;

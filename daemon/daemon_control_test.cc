@@ -14,7 +14,8 @@
 // and each gets the read's answer. An acquire whose caller hangs up after its REGISTER, or whose
 // --timeout passes during its first read, sends no PR OUT that could take the LU (no PREEMPT,
 // RESERVE or REGISTER of a new key reaches the target) and ends released with the other node
-// still holding.
+// still holding. control_group is looked up once, at start, however many connections and requests
+// come.
 #include <chrono>
 
 #include <fcntl.h>
@@ -54,7 +55,7 @@ class DaemonControlTest : public ::testing::Test {
     sd_event_unref(event_);
   }
 
-  void start(std::string control_group = "") {
+  void start(std::string control_group = "", GroupLookup group_lookup = group_id) {
     Config config;
     config.cluster = "glue";
     config.node_id = 7;
@@ -62,7 +63,9 @@ class DaemonControlTest : public ::testing::Test {
     config.state_dir = dir_ / "state";
     config.run_dir = dir_ / "run";
     config.transport = "sgio";  // no device is ever opened: there is no resource
-    auto made = Daemon::make(std::move(config));
+    DaemonEnv env = system_daemon_env();
+    env.group_lookup = group_lookup;
+    auto made = Daemon::make(std::move(config), env);
     ASSERT_TRUE(made) << made.error().message();
     daemon_ = std::move(*made);
     // Daemon::make() serves the socket on this thread's default loop; the test runs that loop.
@@ -344,6 +347,39 @@ TEST_F(DaemonControlTest, ASupplementaryGroupMemberOfControlGroupMayChange) {
       ask_as(user->uid, kOtherGid, {user->gid}, request(control::Op::kUnfence, "pgdata"));
   ASSERT_TRUE(change.error);
   EXPECT_EQ(change.error->code, control::ReplyError::kUnknownResource) << change.error->message;
+}
+
+// A group lookup that counts its calls and finds a group no peer here is in.
+int g_group_lookups = 0;
+std::optional<gid_t> counting_lookup(const std::string&) {
+  ++g_group_lookups;
+  return kOtherGid + 1;
+}
+
+TEST_F(DaemonControlTest, TheControlGroupIsLookedUpOnceHoweverManyRequestsCome) {
+  // From a user other than root (root is admitted without a look at the group): nobody when the
+  // test runs as root, else the test's own user.
+  const auto user = nobody();
+  const bool root = ::geteuid() == 0;
+  if (root && !user) {
+    GTEST_SKIP() << "as root, the client needs a user 'nobody'";
+  }
+  g_group_lookups = 0;
+  start("blkfence", counting_lookup);
+  EXPECT_EQ(g_group_lookups, 1);
+  for (std::uint64_t id = 1; id <= 5; ++id) {  // a connection and a change each
+    const control::Request change = request(control::Op::kAcquire, "pgdata", id);
+    control::Reply reply;
+    if (root) {
+      reply = ask_as(user->uid, user->gid, {}, change);
+    } else {
+      RawClient client(event_, socket_path());
+      reply = ask(client, change);
+    }
+    ASSERT_TRUE(reply.error);
+    EXPECT_EQ(reply.error->code, control::ReplyError::kPermissionDenied) << reply.error->message;
+  }
+  EXPECT_EQ(g_group_lookups, 1);
 }
 
 // A daemon with one resource (or two) on simulated LUs, run on its own thread.

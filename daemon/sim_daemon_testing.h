@@ -271,7 +271,8 @@ class SimDevices {
                            .paths = {{.sg = "/dev/sim-" + device, .sd = {}, .hctl = {}}}});
           }
           return lus;
-        }};
+        },
+        .group_lookup = group_id};
   }
 
   transport::SimTarget& target() { return target_; }
