@@ -717,6 +717,9 @@ std::string Daemon::metrics_text() const {
   counter("blkfence_control_accept_failures_total",
           "accept(2) calls on the control socket that failed for want of descriptors or memory.",
           control.accept_failures);
+  counter("blkfence_log_dropped_total",
+          "Log records dropped because the journal or stderr did not take them fast enough.",
+          log_dropped());
   return text;
 }
 

@@ -7,7 +7,7 @@
 // turns its decisions into effects (token files, on_fenced actions, journal records, sd_notify,
 // replies and watch events) and turns control requests into its operations. Nothing on the loop
 // waits unbounded (docs/operations.md, "Blocking calls"): control_group is resolved once, at
-// start (access.h).
+// start (access.h), and the log's own thread writes the records (log.h).
 #pragma once
 
 #include <chrono>
