@@ -21,6 +21,7 @@
 #include "blkfence/pr/client.h"
 
 #include "access.h"
+#include "epoch_worker.h"
 #include "log.h"
 
 namespace blkfence::daemon {
@@ -159,7 +160,17 @@ DaemonEnv system_daemon_env() {
               [](const ResourceConfig& resource) {
                 return resolve_devices(resource, pr::system_discovery_env());
               },
-          .group_lookup = group_id};
+          .group_lookup = group_id,
+          .epochs =
+              [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); }};
+}
+
+std::chrono::milliseconds epoch_store_wait(const Config& config) {
+  std::chrono::milliseconds wait = kEpochStoreWaitMax;
+  for (const auto& resource : config.resources) {
+    wait = std::min(wait, resource.check_interval / 4);
+  }
+  return std::max(wait, std::chrono::milliseconds(1));
 }
 
 Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env) {
@@ -203,7 +214,11 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env
     policy.command_timeout = std::min(policy.command_timeout, resource.command_timeout);
   }
   daemon->engine_ = std::make_unique<pr::Engine>(*daemon->transport_, policy);
-  daemon->epochs_ = fence::make_file_epoch_store(c.state_dir);
+  // Off the loop, waited for at most epoch_store_wait(): a stalled fsync must not stop the
+  // monitors (epoch_worker.h).
+  daemon->epochs_ = std::make_unique<BoundedEpochStore>(
+      env.epochs ? env.epochs(c.state_dir) : fence::make_file_epoch_store(c.state_dir),
+      epoch_store_wait(c));
   daemon->gate_ = std::make_unique<Gate>(daemon->event_, c.run_dir);
 
   for (const auto& resource : c.resources) {

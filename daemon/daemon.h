@@ -7,7 +7,8 @@
 // turns its decisions into effects (token files, on_fenced actions, journal records, sd_notify,
 // replies and watch events) and turns control requests into its operations. Nothing on the loop
 // waits unbounded (docs/operations.md, "Blocking calls"): control_group is resolved once, at
-// start (access.h), and the log's own thread writes the records (log.h).
+// start (access.h); the log's own thread writes the records (log.h); and the epoch file is
+// written by a worker that the loop waits for at most epoch_store_wait() (epoch_worker.h).
 #pragma once
 
 #include <chrono>
@@ -56,8 +57,15 @@ struct DaemonEnv {
   std::function<Result<std::vector<pr::LogicalUnit>>(const ResourceConfig& resource)> resolve;
   // control_group's id by name: called once, by make() (access.h).
   GroupLookup group_lookup = group_id;
+  // The epoch store in state_dir; the daemon calls it through a BoundedEpochStore
+  // (epoch_worker.h).
+  std::function<std::unique_ptr<fence::EpochStore>(const std::string& state_dir)> epochs;
 };
-// io_uring or SG_IO as configured, and resolve_devices() on /sys and /dev.
+// How long the event loop waits for a load or store of the epoch file: a quarter of the shortest
+// check_interval, and at most this (docs/operations.md, "Blocking calls").
+inline constexpr std::chrono::milliseconds kEpochStoreWaitMax{250};
+[[nodiscard]] std::chrono::milliseconds epoch_store_wait(const Config& config);
+// io_uring or SG_IO as configured, and resolve_devices() on /sys and /dev, the epochs in files.
 DaemonEnv system_daemon_env();
 
 class Daemon final : public fence::Observer, public ControlHandler {

@@ -15,8 +15,11 @@
 // --timeout passes during its first read, sends no PR OUT that could take the LU (no PREEMPT,
 // RESERVE or REGISTER of a new key reaches the target) and ends released with the other node
 // still holding. control_group is looked up once, at start, however many connections and requests
-// come.
+// come. With two resources, an epoch store whose fsync stalls for ten check intervals fails the
+// acquire before its REGISTER, and the other resource's monitor keeps reading its LU at its period
+// throughout.
 #include <chrono>
+#include <thread>
 
 #include <fcntl.h>
 #include <grp.h>
@@ -29,6 +32,7 @@
 
 #include "blkfence/codec/prout.h"
 #include "blkfence/control/protocol.h"
+#include "blkfence/fence/epoch_store.h"
 #include "blkfence/key.h"
 
 #include "daemon.h"
@@ -394,6 +398,9 @@ class SimDaemonTest : public ::testing::Test {
     std::chrono::milliseconds command_timeout{500};
     // Runs on the target before the daemon does (nothing else touches it yet).
     std::function<void(testing::SimDevices&)> before;
+    // The epoch store the daemon puts behind its bounded wait (DaemonEnv::epochs); none: the file
+    // store in state_dir.
+    std::function<std::unique_ptr<fence::EpochStore>(const std::string& state_dir)> epochs;
   };
 
  protected:
@@ -427,7 +434,11 @@ class SimDaemonTest : public ::testing::Test {
     if (options.before) {
       options.before(*devices_);
     }
-    daemon_ = std::make_unique<testing::DaemonThread>(std::move(config), devices_->env());
+    DaemonEnv env = devices_->env();
+    if (options.epochs) {
+      env.epochs = options.epochs;
+    }
+    daemon_ = std::make_unique<testing::DaemonThread>(std::move(config), std::move(env));
     ASSERT_EQ(daemon_->error(), "");
   }
   void TearDown() override {
@@ -588,7 +599,8 @@ SimDaemonTest::Options slow_lu_held_by_another_node() {
           .check_interval = std::chrono::milliseconds(1000),
           .lease = std::chrono::milliseconds(10'000),
           .command_timeout = std::chrono::milliseconds(5000),
-          .before = hold_lu0_by_another_node};
+          .before = hold_lu0_by_another_node,
+          .epochs = {}};
 }
 
 TEST_F(SimDaemonTest, AnAcquireWhoseCallerWentAwaySendsNoPrOutThatCouldTakeTheLu) {
@@ -644,6 +656,60 @@ TEST_F(SimDaemonTest, AnAcquirePastItsTimeoutSendsNoPrOutThatCouldTakeTheLu) {
   EXPECT_EQ(status.value("state", ""), "released") << status.dump();
   EXPECT_FALSE(status.value("gate_open", true));
   EXPECT_EQ(status["lus"][0].value("holder", ""), fence::Key::format(other_holder()));
+}
+
+// The epoch file's fsync stalls for ten check intervals (a disk that stops answering).
+constexpr std::chrono::milliseconds kStall{1000};
+std::unique_ptr<fence::EpochStore> stalling_epoch_store(const std::string& state_dir) {
+  auto calls = fence::EpochFileCalls::system();
+  const auto fsync = calls.fsync;
+  calls.fsync = [fsync](int fd) {
+    std::this_thread::sleep_for(kStall);
+    return fsync(fd);
+  };
+  return fence::make_file_epoch_store(state_dir, std::move(calls));
+}
+
+TEST_F(SimDaemonTest, AStalledEpochFsyncDoesNotHoldUpTheMonitorOfAnotherResource) {
+  Options options;
+  options.resources = 2;  // pgdata on lu0, pgwal on lu1
+  options.check_interval = std::chrono::milliseconds(100);
+  options.epochs = stalling_epoch_store;
+  start(options);
+  await_state_known("pgdata");
+  await_state_known("pgwal");
+  const auto from = std::chrono::steady_clock::now();
+  testing::LineClient root(socket_path());
+  // pgdata's acquire stores its epoch before its REGISTER, and the store stalls: it fails once
+  // the loop stops waiting, before anything is registered.
+  const auto acquired = ask(root, request(control::Op::kAcquire, "pgdata", 1));
+  EXPECT_TRUE(acquired.error && acquired.error->message.find("stalled disk") != std::string::npos)
+      << (acquired.error ? acquired.error->message : acquired.body.dump());
+  for (const auto& command : devices_->stats().log()) {
+    EXPECT_FALSE(command.at > from && command.device == "/dev/sim-lu0" && command.could_take())
+        << "a PR OUT of the acquire whose epoch store failed";
+  }
+  // pgwal's monitor reads lu1 every check interval all through the stall.
+  const auto until = from + 2 * kStall;
+  ASSERT_TRUE(devices_->stats().await(
+      [&](const testing::CommandRecord& c) { return c.device == "/dev/sim-lu1" && c.at > until; },
+      kWait));
+  auto last = from;
+  std::chrono::steady_clock::duration longest{0};
+  for (const auto& command : devices_->stats().log()) {
+    if (command.device != "/dev/sim-lu1" || command.at <= from) {
+      continue;
+    }
+    longest = std::max(longest, command.at - last);
+    last = command.at;
+    if (command.at > until) {
+      break;
+    }
+  }
+  // Generous: five check intervals, where a loop stalled on the fsync goes quiet for kStall.
+  EXPECT_LT(longest, 5 * options.check_interval)
+      << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count()
+      << " ms without a command of pgwal's monitor";
 }
 
 }  // namespace

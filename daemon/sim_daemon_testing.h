@@ -272,7 +272,9 @@ class SimDevices {
           }
           return lus;
         },
-        .group_lookup = group_id};
+        .group_lookup = group_id,
+        .epochs =
+            [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); }};
   }
 
   transport::SimTarget& target() { return target_; }
