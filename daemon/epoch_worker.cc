@@ -67,7 +67,7 @@ BoundedEpochStore::~BoundedEpochStore() {
 }
 
 template <typename T>
-Result<T> BoundedEpochStore::call(std::string what,
+Result<T> BoundedEpochStore::call(const std::string& what,
                                   std::function<Result<T>(fence::EpochStore&)> work) {
   struct Outcome {
     std::optional<Result<T>> result;

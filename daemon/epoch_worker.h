@@ -40,7 +40,7 @@ class BoundedEpochStore final : public fence::EpochStore {
  private:
   struct Shared;
   template <typename T>
-  Result<T> call(std::string what, std::function<Result<T>(fence::EpochStore&)> work);
+  Result<T> call(const std::string& what, std::function<Result<T>(fence::EpochStore&)> work);
 
   std::shared_ptr<Shared> shared_;
   std::chrono::milliseconds wait_;

@@ -112,8 +112,8 @@ void write_stderr(const Record& record) {
 class Writer {
  public:
   static Writer& get() {
-    static Writer* const writer = new Writer();
-    return *writer;
+    static Writer* const kWriter = new Writer();
+    return *kWriter;
   }
 
   void push(Record record) {
