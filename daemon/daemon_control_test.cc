@@ -617,13 +617,13 @@ TEST_F(SimDaemonTest, AnAcquireWhoseCallerWentAwaySendsNoPrOutThatCouldTakeTheLu
   const auto gone = std::chrono::steady_clock::now();
   testing::LineClient root(socket_path());
   const nlohmann::json status = status_after_cancel(root);
-  ASSERT_TRUE(status.is_object());
   for (const auto& command : devices_->stats().log()) {
     EXPECT_FALSE(command.at > gone && command.could_take())
         << "PR OUT service action " << int{command.service_action} << " (key "
         << fence::Key::format(command.key) << ", service action key "
         << fence::Key::format(command.sa_key) << ") after the caller went away";
   }
+  ASSERT_TRUE(status.is_object());
   EXPECT_EQ(status.value("state", ""), "released") << status.dump();
   EXPECT_FALSE(status.value("gate_open", true));
   const auto& lu = status["lus"][0];
@@ -645,7 +645,6 @@ TEST_F(SimDaemonTest, AnAcquirePastItsTimeoutSendsNoPrOutThatCouldTakeTheLu) {
   EXPECT_EQ(reply.error->code, control::ReplyError::kTimeout);
   EXPECT_NE(reply.error->message.find("cancelled"), std::string::npos) << reply.error->message;
   const nlohmann::json status = status_after_cancel(caller);  // the caller stays
-  ASSERT_TRUE(status.is_object());
   const auto log = devices_->stats().log();
   for (std::size_t i = before; i < log.size(); ++i) {
     EXPECT_FALSE(log[i].could_take())
@@ -653,6 +652,7 @@ TEST_F(SimDaemonTest, AnAcquirePastItsTimeoutSendsNoPrOutThatCouldTakeTheLu) {
         << fence::Key::format(log[i].key) << ", service action key "
         << fence::Key::format(log[i].sa_key) << ") after the acquire's deadline";
   }
+  ASSERT_TRUE(status.is_object());
   EXPECT_EQ(status.value("state", ""), "released") << status.dump();
   EXPECT_FALSE(status.value("gate_open", true));
   EXPECT_EQ(status["lus"][0].value("holder", ""), fence::Key::format(other_holder()));
