@@ -2,6 +2,7 @@
 // log.h.
 #include "log.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -23,15 +24,17 @@
 namespace blkfence::daemon {
 namespace {
 
-LogTarget g_target = LogTarget::kAuto;
-bool g_debug = false;
+// Set on the caller's thread, read on the writer's.
+std::atomic<LogTarget> g_target{LogTarget::kAuto};
+std::atomic<bool> g_debug{false};
 
 bool use_journal() {
-  if (g_target == LogTarget::kAuto) {
+  LogTarget target = g_target;
+  if (target == LogTarget::kAuto) {
     // systemd sets JOURNAL_STREAM when stderr is connected to the journal (systemd.exec(5)).
-    g_target = std::getenv("JOURNAL_STREAM") != nullptr ? LogTarget::kJournal : LogTarget::kStderr;
+    target = std::getenv("JOURNAL_STREAM") != nullptr ? LogTarget::kJournal : LogTarget::kStderr;
   }
-  return g_target == LogTarget::kJournal;
+  return target == LogTarget::kJournal;
 }
 
 // A record waiting for the writer: its own copies of the fields, and the time log() was called.

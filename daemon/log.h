@@ -11,8 +11,7 @@
 // (kLogQueueMax records) that a thread of its own writes out in order. When the queue is full the
 // record is dropped and counted (log_dropped(), the metric blkfence_log_dropped_total), and a
 // warning with the count is written where the records went missing. flush_log() waits, bounded,
-// for the queue to be written, on the way out. Thread-safe; set_log_target() and set_log_debug()
-// are for start-up, before the first record.
+// for the queue to be written, on the way out. Thread-safe.
 #pragma once
 
 #include <chrono>
