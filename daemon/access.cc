@@ -15,24 +15,23 @@ std::optional<gid_t> group_id(const std::string& name) {
   return entry->gr_gid;
 }
 
-bool may_run(control::Op op, const Peer& peer, const std::string& control_group,
-             GroupLookup lookup) {
-  return !control::changes_state(op) || privileged(peer, control_group, lookup);
+ControlGroup resolve_control_group(const std::string& name, GroupLookup lookup) {
+  return ControlGroup{.name = name, .gid = name.empty() ? std::nullopt : lookup(name)};
 }
 
-bool privileged(const Peer& peer, const std::string& control_group, GroupLookup lookup) {
+bool may_run(control::Op op, const Peer& peer, const ControlGroup& group) {
+  return !control::changes_state(op) || privileged(peer, group);
+}
+
+bool privileged(const Peer& peer, const ControlGroup& group) {
   if (peer.uid == 0) {
     return true;
   }
-  if (control_group.empty()) {
+  if (!group.gid) {
     return false;
   }
-  const std::optional<gid_t> gid = lookup(control_group);
-  if (!gid) {
-    return false;
-  }
-  return peer.gid == *gid ||
-         std::find(peer.groups.begin(), peer.groups.end(), *gid) != peer.groups.end();
+  return peer.gid == *group.gid ||
+         std::find(peer.groups.begin(), peer.groups.end(), *group.gid) != peer.groups.end();
 }
 
 }  // namespace blkfence::daemon

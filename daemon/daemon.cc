@@ -21,6 +21,7 @@
 #include "blkfence/pr/client.h"
 
 #include "access.h"
+#include "epoch_worker.h"
 #include "log.h"
 
 namespace blkfence::daemon {
@@ -154,9 +155,22 @@ Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resou
 }
 
 DaemonEnv system_daemon_env() {
-  return {.transport = transport_for, .resolve = [](const ResourceConfig& resource) {
-            return resolve_devices(resource, pr::system_discovery_env());
-          }};
+  return {.transport = transport_for,
+          .resolve =
+              [](const ResourceConfig& resource) {
+                return resolve_devices(resource, pr::system_discovery_env());
+              },
+          .group_lookup = group_id,
+          .epochs =
+              [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); }};
+}
+
+std::chrono::milliseconds epoch_store_wait(const Config& config) {
+  std::chrono::milliseconds wait = kEpochStoreWaitMax;
+  for (const auto& resource : config.resources) {
+    wait = std::min(wait, resource.check_interval / 4);
+  }
+  return std::max(wait, std::chrono::milliseconds(1));
 }
 
 Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env) {
@@ -180,6 +194,13 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env
     return tl::unexpected(Error::os(-r, "sd_event_default"));
   }
   daemon->resolve_ = env.resolve;
+  // Once, here: the loop never waits on the group database (access.h).
+  daemon->control_group_ = resolve_control_group(c.control_group, env.group_lookup);
+  if (!c.control_group.empty() && !daemon->control_group_.gid) {
+    log(Priority::kWarning, "control_group " + c.control_group +
+                                " does not exist: only root may change state (a group created "
+                                "later counts after a restart of blkfenced)");
+  }
   auto made_transport = env.transport(c.transport);
   if (!made_transport) {
     return tl::unexpected(made_transport.error());
@@ -193,7 +214,11 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env
     policy.command_timeout = std::min(policy.command_timeout, resource.command_timeout);
   }
   daemon->engine_ = std::make_unique<pr::Engine>(*daemon->transport_, policy);
-  daemon->epochs_ = fence::make_file_epoch_store(c.state_dir);
+  // Off the loop, waited for at most epoch_store_wait(): a stalled fsync must not stop the
+  // monitors (epoch_worker.h).
+  daemon->epochs_ = std::make_unique<BoundedEpochStore>(
+      env.epochs ? env.epochs(c.state_dir) : fence::make_file_epoch_store(c.state_dir),
+      epoch_store_wait(c));
   daemon->gate_ = std::make_unique<Gate>(daemon->event_, c.run_dir);
 
   for (const auto& resource : c.resources) {
@@ -707,6 +732,9 @@ std::string Daemon::metrics_text() const {
   counter("blkfence_control_accept_failures_total",
           "accept(2) calls on the control socket that failed for want of descriptors or memory.",
           control.accept_failures);
+  counter("blkfence_log_dropped_total",
+          "Log records dropped because the journal or stderr did not take them fast enough.",
+          log_dropped());
   return text;
 }
 
@@ -760,7 +788,7 @@ struct Daemon::Pending {
 };
 
 bool Daemon::privileged(const Peer& peer) {
-  return daemon::privileged(peer, config_.control_group);
+  return daemon::privileged(peer, control_group_);
 }
 
 void Daemon::on_disconnect(ClientId client) {
@@ -783,7 +811,7 @@ void Daemon::on_disconnect(ClientId client) {
 }
 
 void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
-  if (!may_run(request.op, peer, config_.control_group)) {
+  if (!may_run(request.op, peer, control_group_)) {
     reply_error(
         client, request.id, ReplyError::kPermissionDenied,
         std::string(to_string(request.op)) + " needs root" +

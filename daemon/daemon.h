@@ -5,7 +5,10 @@
 // after every dispatch to the earliest of what the engine (retry back-offs) and the resources
 // (monitor rounds, lease expiry) asked for. The protocol itself is fence::Resource; this class
 // turns its decisions into effects (token files, on_fenced actions, journal records, sd_notify,
-// replies and watch events) and turns control requests into its operations.
+// replies and watch events) and turns control requests into its operations. Nothing on the loop
+// waits unbounded (docs/operations.md, "Blocking calls"): control_group is resolved once, at
+// start (access.h); the log's own thread writes the records (log.h); and the epoch file is
+// written by a worker that the loop waits for at most epoch_store_wait() (epoch_worker.h).
 #pragma once
 
 #include <chrono>
@@ -26,6 +29,7 @@
 #include "blkfence/transport/transport.h"
 #include "blkfence/unique_fd.h"
 
+#include "access.h"
 #include "config.h"
 #include "control_server.h"
 #include "gate.h"
@@ -51,8 +55,17 @@ using namespace control;
 struct DaemonEnv {
   std::function<Result<std::unique_ptr<transport::Transport>>(const std::string& kind)> transport;
   std::function<Result<std::vector<pr::LogicalUnit>>(const ResourceConfig& resource)> resolve;
+  // control_group's id by name: called once, by make() (access.h).
+  GroupLookup group_lookup = group_id;
+  // The epoch store in state_dir; the daemon calls it through a BoundedEpochStore
+  // (epoch_worker.h).
+  std::function<std::unique_ptr<fence::EpochStore>(const std::string& state_dir)> epochs;
 };
-// io_uring or SG_IO as configured, and resolve_devices() on /sys and /dev.
+// How long the event loop waits for a load or store of the epoch file: a quarter of the shortest
+// check_interval, and at most this (docs/operations.md, "Blocking calls").
+inline constexpr std::chrono::milliseconds kEpochStoreWaitMax{250};
+[[nodiscard]] std::chrono::milliseconds epoch_store_wait(const Config& config);
+// io_uring or SG_IO as configured, and resolve_devices() on /sys and /dev, the epochs in files.
 DaemonEnv system_daemon_env();
 
 class Daemon final : public fence::Observer, public ControlHandler {
@@ -117,7 +130,8 @@ class Daemon final : public fence::Observer, public ControlHandler {
   void broadcast(Event event, const fence::Resource& resource);
 
   Config config_;
-  UniqueFd run_lock_;  // run_dir/blkfenced.lock, flock()ed: one daemon per run_dir
+  ControlGroup control_group_;  // config_.control_group, resolved once by make()
+  UniqueFd run_lock_;           // run_dir/blkfenced.lock, flock()ed: one daemon per run_dir
   sd_event* event_ = nullptr;
   sd_event_source* transport_source_ = nullptr;
   sd_event_source* timer_source_ = nullptr;

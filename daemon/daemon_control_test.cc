@@ -11,7 +11,16 @@
 // a `watch` client that never reads is dropped once its unread output passes the bound, and the
 // daemon goes on answering others; and `keys` requests of many clients at once share one read of
 // the LUs at a time (the device never sees more than that read's commands beside the monitor's),
-// and each gets the read's answer.
+// and each gets the read's answer. An acquire whose caller hangs up after its REGISTER, or whose
+// --timeout passes during its first read, sends no PR OUT that could take the LU (no PREEMPT,
+// RESERVE or REGISTER of a new key reaches the target) and ends released with the other node
+// still holding. control_group is looked up once, at start, however many connections and requests
+// come. With two resources, an epoch store whose fsync stalls for ten check intervals fails the
+// acquire before its REGISTER, and the other resource's monitor keeps reading its LU at its period
+// throughout.
+#include <chrono>
+#include <thread>
+
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
@@ -21,7 +30,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "blkfence/codec/prout.h"
 #include "blkfence/control/protocol.h"
+#include "blkfence/fence/epoch_store.h"
+#include "blkfence/key.h"
 
 #include "daemon.h"
 #include "glue_testing.h"
@@ -47,7 +59,7 @@ class DaemonControlTest : public ::testing::Test {
     sd_event_unref(event_);
   }
 
-  void start(std::string control_group = "") {
+  void start(std::string control_group = "", GroupLookup group_lookup = group_id) {
     Config config;
     config.cluster = "glue";
     config.node_id = 7;
@@ -55,7 +67,9 @@ class DaemonControlTest : public ::testing::Test {
     config.state_dir = dir_ / "state";
     config.run_dir = dir_ / "run";
     config.transport = "sgio";  // no device is ever opened: there is no resource
-    auto made = Daemon::make(std::move(config));
+    DaemonEnv env = system_daemon_env();
+    env.group_lookup = group_lookup;
+    auto made = Daemon::make(std::move(config), env);
     ASSERT_TRUE(made) << made.error().message();
     daemon_ = std::move(*made);
     // Daemon::make() serves the socket on this thread's default loop; the test runs that loop.
@@ -339,29 +353,92 @@ TEST_F(DaemonControlTest, ASupplementaryGroupMemberOfControlGroupMayChange) {
   EXPECT_EQ(change.error->code, control::ReplyError::kUnknownResource) << change.error->message;
 }
 
-// A daemon with one resource on one simulated LU, run on its own thread.
+// A group lookup that counts its calls and finds a group no peer here is in.
+int g_group_lookups = 0;
+std::optional<gid_t> counting_lookup(const std::string&) {
+  ++g_group_lookups;
+  return kOtherGid + 1;
+}
+
+TEST_F(DaemonControlTest, TheControlGroupIsLookedUpOnceHoweverManyRequestsCome) {
+  // From a user other than root (root is admitted without a look at the group): nobody when the
+  // test runs as root, else the test's own user.
+  const auto user = nobody();
+  const bool root = ::geteuid() == 0;
+  if (root && !user) {
+    GTEST_SKIP() << "as root, the client needs a user 'nobody'";
+  }
+  g_group_lookups = 0;
+  start("blkfence", counting_lookup);
+  EXPECT_EQ(g_group_lookups, 1);
+  for (std::uint64_t id = 1; id <= 5; ++id) {  // a connection and a change each
+    const control::Request change = request(control::Op::kAcquire, "pgdata", id);
+    control::Reply reply;
+    if (root) {
+      reply = ask_as(user->uid, user->gid, {}, change);
+    } else {
+      RawClient client(event_, socket_path());
+      reply = ask(client, change);
+    }
+    ASSERT_TRUE(reply.error);
+    EXPECT_EQ(reply.error->code, control::ReplyError::kPermissionDenied) << reply.error->message;
+  }
+  EXPECT_EQ(g_group_lookups, 1);
+}
+
+// A daemon with one resource (or two) on simulated LUs, run on its own thread.
 class SimDaemonTest : public ::testing::Test {
+ public:
+  struct Options {
+    std::chrono::microseconds latency{500};  // of each command (PacedSimTransport)
+    // pgdata on lu0; with two, pgwal on lu1 too.
+    std::size_t resources = 1;
+    std::chrono::milliseconds check_interval{100};
+    std::chrono::milliseconds lease{1000};
+    std::chrono::milliseconds command_timeout{500};
+    // Runs on the target before the daemon does (nothing else touches it yet).
+    std::function<void(testing::SimDevices&)> before;
+    // The epoch store the daemon puts behind its bounded wait (DaemonEnv::epochs); none: the file
+    // store in state_dir.
+    std::function<std::unique_ptr<fence::EpochStore>(const std::string& state_dir)> epochs;
+  };
+
  protected:
   static constexpr std::chrono::seconds kWait{20};  // far beyond any answer here; a failure
 
   void SetUp() override { set_log_target(LogTarget::kStderr); }
 
   void start(std::chrono::microseconds latency = std::chrono::microseconds(500)) {
-    devices_ = std::make_unique<testing::SimDevices>(latency);
+    Options options;
+    options.latency = latency;
+    start(options);
+  }
+  void start(const Options& options) {
+    devices_ = std::make_unique<testing::SimDevices>(options.latency);
     Config config;
     config.cluster = "glue";
     config.node_id = 7;
     config.state_dir = dir_ / "state";
     config.run_dir = dir_ / "run";
-    ResourceConfig resource;
-    resource.name = "pgdata";
-    resource.devices = {"lu0"};
-    resource.check_interval = std::chrono::milliseconds(100);
-    resource.lease = std::chrono::milliseconds(1000);
-    resource.command_timeout = std::chrono::milliseconds(500);
-    resource.on_fenced.action = OnFencedAction::kNone;
-    config.resources = {resource};
-    daemon_ = std::make_unique<testing::DaemonThread>(std::move(config), devices_->env());
+    for (std::size_t i = 0; i < options.resources; ++i) {
+      ResourceConfig resource;
+      resource.name = i == 0 ? "pgdata" : "pgwal";
+      resource.devices = {"lu" + std::to_string(i)};
+      resource.check_interval = options.check_interval;
+      resource.lease = options.lease;
+      resource.command_timeout = options.command_timeout;
+      resource.on_fenced.action = OnFencedAction::kNone;
+      config.resources.push_back(resource);
+      (void)devices_->lu(resource.devices[0]);
+    }
+    if (options.before) {
+      options.before(*devices_);
+    }
+    DaemonEnv env = devices_->env();
+    if (options.epochs) {
+      env.epochs = options.epochs;
+    }
+    daemon_ = std::make_unique<testing::DaemonThread>(std::move(config), std::move(env));
     ASSERT_EQ(daemon_->error(), "");
   }
   void TearDown() override {
@@ -373,9 +450,9 @@ class SimDaemonTest : public ::testing::Test {
   std::string socket_path() const { return dir_ / "run/control.sock"; }
 
   // Waits, on a watch of its own, until the resource's first read has told its state.
-  void await_state_known() {
+  void await_state_known(const std::string& resource = "pgdata") {
     testing::LineClient watch(socket_path());
-    const auto reply = ask(watch, request(control::Op::kWatch, "pgdata", 1));
+    const auto reply = ask(watch, request(control::Op::kWatch, resource, 1));
     ASSERT_TRUE(reply.ok);
     std::string state = reply.body["resources"][0].value("state", "");
     while (state == "unknown") {
@@ -401,6 +478,26 @@ class SimDaemonTest : public ::testing::Test {
       return {};
     }
     return *reply;
+  }
+
+  // The status of pgdata once a cancelled operation has ended (its detail says so), as a `keys`
+  // request answers it: the daemon starts that read only between the protocol's batches, and it
+  // reads the LU itself.
+  nlohmann::json status_after_cancel(testing::LineClient& client) {
+    const auto deadline = std::chrono::steady_clock::now() + kWait;
+    std::uint64_t id = 100;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const auto reply = ask(client, request(control::Op::kKeys, "pgdata", ++id));
+      if (!reply.ok) {
+        return {};
+      }
+      nlohmann::json status = reply.body["status"];
+      if (status.value("detail", "").find("cancelled") != std::string::npos) {
+        return status;
+      }
+    }
+    ADD_FAILURE() << "the operation did not end cancelled";
+    return {};
   }
 
   TempDir dir_;
@@ -469,6 +566,150 @@ TEST_F(SimDaemonTest, KeysRequestsOfManyClientsShareOneReadAtATime) {
   // The 40 requests cost a handful of reads, not 40 (80 commands), whatever the monitor did.
   const std::uint64_t commands = devices_->stats().commands - commands_before;
   EXPECT_LT(commands, 40U) << commands << " commands";
+}
+
+// Another node of the cluster (node 9, epoch 3) holds lu0 before the daemon starts: an acquire
+// must register its own key and preempt that one.
+constexpr std::uint16_t kOtherNode = 9;
+std::uint64_t other_holder() {
+  return fence::Key::make(fence::cluster_id_from_name("glue"), kOtherNode, 3)->value();
+}
+void hold_lu0_by_another_node(testing::SimDevices& devices) {
+  const transport::LuId lu = devices.lu("lu0");
+  const auto execute = [&](const codec::PrOutCommand& prout) {
+    transport::Command command = transport::Command::from_cdb(prout.cdb);
+    command.direction = transport::DataDirection::kToDevice;
+    command.data_out = prout.parameters;
+    // A unit attention (power on) may answer the first command of the nexus.
+    std::uint8_t status = 0xff;
+    for (int attempt = 0; attempt < 3 && status != 0; ++attempt) {
+      status = devices.target().execute(lu, 2, command).status;
+    }
+    ASSERT_EQ(status, 0);
+  };
+  execute(codec::prout_register_and_ignore(other_holder()));
+  execute(codec::prout_reserve(other_holder(), codec::PrType::kWriteExclusiveRegistrantsOnly));
+}
+
+// Slow enough that a step of an acquire is still on the device when the test acts on what it saw
+// reach the target, and a command timeout and lease that none of this comes near.
+SimDaemonTest::Options slow_lu_held_by_another_node() {
+  return {.latency = std::chrono::milliseconds(200),
+          .resources = 1,
+          .check_interval = std::chrono::milliseconds(1000),
+          .lease = std::chrono::milliseconds(10'000),
+          .command_timeout = std::chrono::milliseconds(5000),
+          .before = hold_lu0_by_another_node,
+          .epochs = {}};
+}
+
+TEST_F(SimDaemonTest, AnAcquireWhoseCallerWentAwaySendsNoPrOutThatCouldTakeTheLu) {
+  start(slow_lu_held_by_another_node());
+  await_state_known();
+  testing::LineClient caller(socket_path());
+  ASSERT_TRUE(caller.write(control::encode_request(request(control::Op::kAcquire, "pgdata", 1))));
+  // Mid-operation: our new key's REGISTER has reached the target; its PREEMPT of node 9 is next.
+  const auto registered = devices_->stats().await(
+      [](const testing::CommandRecord& c) { return c.could_take(); }, kWait);
+  ASSERT_TRUE(registered) << "the acquire never registered its key";
+  ASSERT_NE(registered->service_action, 0x04) << "a PREEMPT came first";
+  caller.close();  // the caller goes away (Patroni killed it)
+  const auto gone = std::chrono::steady_clock::now();
+  testing::LineClient root(socket_path());
+  const nlohmann::json status = status_after_cancel(root);
+  for (const auto& command : devices_->stats().log()) {
+    EXPECT_FALSE(command.at > gone && command.could_take())
+        << "PR OUT service action " << int{command.service_action} << " (key "
+        << fence::Key::format(command.key) << ", service action key "
+        << fence::Key::format(command.sa_key) << ") after the caller went away";
+  }
+  ASSERT_TRUE(status.is_object());
+  EXPECT_EQ(status.value("state", ""), "released") << status.dump();
+  EXPECT_FALSE(status.value("gate_open", true));
+  const auto& lu = status["lus"][0];
+  EXPECT_EQ(lu.value("holder", ""), fence::Key::format(other_holder())) << status.dump();
+  EXPECT_EQ(lu["keys"], nlohmann::json::array({fence::Key::format(other_holder())}))
+      << "our key stays registered: " << status.dump();
+}
+
+TEST_F(SimDaemonTest, AnAcquirePastItsTimeoutSendsNoPrOutThatCouldTakeTheLu) {
+  start(slow_lu_held_by_another_node());
+  await_state_known();
+  testing::LineClient caller(socket_path());
+  const std::size_t before = devices_->stats().log().size();
+  control::Request acquire = request(control::Op::kAcquire, "pgdata", 1);
+  // Passes while the acquire's first read (two commands, 200 ms each) is on the device.
+  acquire.timeout = std::chrono::milliseconds(50);
+  const auto reply = ask(caller, acquire);
+  ASSERT_TRUE(reply.error) << reply.body.dump();
+  EXPECT_EQ(reply.error->code, control::ReplyError::kTimeout);
+  EXPECT_NE(reply.error->message.find("cancelled"), std::string::npos) << reply.error->message;
+  const nlohmann::json status = status_after_cancel(caller);  // the caller stays
+  const auto log = devices_->stats().log();
+  for (std::size_t i = before; i < log.size(); ++i) {
+    EXPECT_FALSE(log[i].could_take())
+        << "PR OUT service action " << int{log[i].service_action} << " (key "
+        << fence::Key::format(log[i].key) << ", service action key "
+        << fence::Key::format(log[i].sa_key) << ") after the acquire's deadline";
+  }
+  ASSERT_TRUE(status.is_object());
+  EXPECT_EQ(status.value("state", ""), "released") << status.dump();
+  EXPECT_FALSE(status.value("gate_open", true));
+  EXPECT_EQ(status["lus"][0].value("holder", ""), fence::Key::format(other_holder()));
+}
+
+// The epoch file's fsync stalls for ten check intervals (a disk that stops answering).
+constexpr std::chrono::milliseconds kStall{1000};
+std::unique_ptr<fence::EpochStore> stalling_epoch_store(const std::string& state_dir) {
+  auto calls = fence::EpochFileCalls::system();
+  const auto fsync = calls.fsync;
+  calls.fsync = [fsync](int fd) {
+    std::this_thread::sleep_for(kStall);
+    return fsync(fd);
+  };
+  return fence::make_file_epoch_store(state_dir, std::move(calls));
+}
+
+TEST_F(SimDaemonTest, AStalledEpochFsyncDoesNotHoldUpTheMonitorOfAnotherResource) {
+  Options options;
+  options.resources = 2;  // pgdata on lu0, pgwal on lu1
+  options.check_interval = std::chrono::milliseconds(100);
+  options.epochs = stalling_epoch_store;
+  start(options);
+  await_state_known("pgdata");
+  await_state_known("pgwal");
+  const auto from = std::chrono::steady_clock::now();
+  testing::LineClient root(socket_path());
+  // pgdata's acquire stores its epoch before its REGISTER, and the store stalls: it fails once
+  // the loop stops waiting, before anything is registered.
+  const auto acquired = ask(root, request(control::Op::kAcquire, "pgdata", 1));
+  EXPECT_TRUE(acquired.error && acquired.error->message.find("stalled disk") != std::string::npos)
+      << (acquired.error ? acquired.error->message : acquired.body.dump());
+  for (const auto& command : devices_->stats().log()) {
+    EXPECT_FALSE(command.at > from && command.device == "/dev/sim-lu0" && command.could_take())
+        << "a PR OUT of the acquire whose epoch store failed";
+  }
+  // pgwal's monitor reads lu1 every check interval all through the stall.
+  const auto until = from + 2 * kStall;
+  ASSERT_TRUE(devices_->stats().await(
+      [&](const testing::CommandRecord& c) { return c.device == "/dev/sim-lu1" && c.at > until; },
+      kWait));
+  auto last = from;
+  std::chrono::steady_clock::duration longest{0};
+  for (const auto& command : devices_->stats().log()) {
+    if (command.device != "/dev/sim-lu1" || command.at <= from) {
+      continue;
+    }
+    longest = std::max(longest, command.at - last);
+    last = command.at;
+    if (command.at > until) {
+      break;
+    }
+  }
+  // Generous: five check intervals, where a loop stalled on the fsync goes quiet for kStall.
+  EXPECT_LT(longest, 5 * options.check_interval)
+      << std::chrono::duration_cast<std::chrono::milliseconds>(longest).count()
+      << " ms without a command of pgwal's monitor";
 }
 
 }  // namespace

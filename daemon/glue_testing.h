@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -186,23 +187,39 @@ class LogCapture {
   struct Record {
     Priority priority;
     std::string message;
-    LogFields fields;
+    LogFields fields;  // message_id empty: see below
+    std::string message_id;
   };
   LogCapture() {
+    (void)flush_log(kFlushWait);  // nothing logged before it was made
     set_log_sink_for_testing(
         [this](Priority priority, const std::string& message, const LogFields& fields) {
-          records_.push_back(Record{.priority = priority, .message = message, .fields = fields});
+          Record record{.priority = priority,
+                        .message = message,
+                        .fields = fields,
+                        .message_id = std::string(fields.message_id)};
+          record.fields.message_id = {};  // the writer's copy goes when the sink returns
+          const std::lock_guard lock(mutex_);
+          records_.push_back(std::move(record));
         });
   }
-  ~LogCapture() { set_log_sink_for_testing({}); }
+  ~LogCapture() {
+    (void)flush_log(kFlushWait);
+    set_log_sink_for_testing({});
+  }
   LogCapture(const LogCapture&) = delete;
   LogCapture& operator=(const LogCapture&) = delete;
 
-  const std::vector<Record>& records() const { return records_; }
+  // Every record logged so far (the log's thread writes them: this waits for it).
+  std::vector<Record> records() const {
+    (void)flush_log(kFlushWait);
+    const std::lock_guard lock(mutex_);
+    return records_;
+  }
   // The records whose message contains text.
   std::vector<Record> with(const std::string& text) const {
     std::vector<Record> found;
-    for (const auto& record : records_) {
+    for (const auto& record : records()) {
       if (record.message.find(text) != std::string::npos) {
         found.push_back(record);
       }
@@ -212,7 +229,7 @@ class LogCapture {
   // Every message, one a line, for a failure's report.
   std::string dump() const {
     std::string text;
-    for (const auto& record : records_) {
+    for (const auto& record : records()) {
       text += "<" + std::to_string(static_cast<int>(record.priority)) + "> " + record.message +
               " resource=" + record.fields.resource + "\n";
     }
@@ -220,6 +237,8 @@ class LogCapture {
   }
 
  private:
+  static constexpr std::chrono::seconds kFlushWait{10};  // a failure well before
+  mutable std::mutex mutex_;
   std::vector<Record> records_;
 };
 

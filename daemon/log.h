@@ -4,9 +4,18 @@
 // BLKFENCE_KEY, BLKFENCE_EPOCH and BLKFENCE_DEVICE; the protocol's events carry a MESSAGE_ID so
 // that `journalctl MESSAGE_ID=...` finds every fence of a cluster. Under systemd (JOURNAL_STREAM
 // set, or --journal) records go to the journal with their fields; otherwise (a shell, the lab VM)
-// one line to stderr with the fields appended. Not thread-safe: the daemon has one thread.
+// one line to stderr with the fields appended.
+//
+// log() never waits for the journal or stderr: a stalled journald or a full stderr pipe must not
+// stop the event loop (the monitor's checks, the lease). It copies the record into a bounded queue
+// (kLogQueueMax records) that a thread of its own writes out in order. When the queue is full the
+// record is dropped and counted (log_dropped(), the metric blkfence_log_dropped_total), and a
+// warning with the count is written where the records went missing. flush_log() waits, bounded,
+// for the queue to be written, on the way out. Thread-safe.
 #pragma once
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -38,10 +47,18 @@ enum class LogTarget : std::uint8_t { kAuto, kJournal, kStderr };
 void set_log_target(LogTarget target);
 void set_log_debug(bool debug);
 
+inline constexpr std::size_t kLogQueueMax = 1024;
+
 void log(Priority priority, const std::string& message, const LogFields& fields = {});
 
-// Tests only: while a sink is set, every record (debug ones too) goes to it instead of the journal
-// or stderr, so that a test can assert what was logged and with which fields. Empty restores.
+// Waits until every record logged so far is written, at most wait; whether they were.
+bool flush_log(std::chrono::milliseconds wait);
+// Records dropped because the queue was full, since the process started.
+[[nodiscard]] std::uint64_t log_dropped();
+
+// Tests only: while a sink is set, the writer thread hands every record to it, in order, instead
+// of writing it to the journal or stderr, so that a test can see what was logged, with which
+// fields, and what happens while the writing is stalled. Empty restores.
 using LogSink = std::function<void(Priority, const std::string&, const LogFields&)>;
 void set_log_sink_for_testing(LogSink sink);
 

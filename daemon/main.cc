@@ -2,6 +2,7 @@
 //
 // Reads the configuration, refuses to start on any error in it (exit 78, EX_CONFIG, which the unit
 // does not restart on), blocks the signals sd-event handles, and runs the daemon until SIGTERM.
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,8 @@
 namespace {
 
 constexpr int kExitConfig = 78;  // sysexits.h EX_CONFIG
+// How long the exit waits for the log records still queued.
+constexpr std::chrono::seconds kLogFlushWait{2};
 
 int run(int argc, char** argv) {
   using namespace blkfence::daemon;
@@ -113,7 +116,11 @@ int main(int argc, char** argv) {
   // CLI11 reports bad arguments by exception (handled by CLI11_PARSE); anything else that escapes,
   // such as std::bad_alloc, ends here with a message instead of std::terminate.
   try {
-    return run(argc, argv);
+    const int status = run(argc, argv);
+    // The records of the way out, written by the log's thread; a stalled journal does not hold
+    // the exit up for long (log.h).
+    (void)blkfence::daemon::flush_log(kLogFlushWait);
+    return status;
   } catch (const std::exception& error) {
     (void)std::fprintf(stderr, "blkfenced: %s\n", error.what());
     return 1;

@@ -3,19 +3,23 @@
 // device, so that a real Daemon runs its protocol, its control socket and its timers without a
 // device; a DaemonThread that runs it (Daemon::run(), its own loop) on a thread of its own; and a
 // LineClient that talks to it with blocking, deadline-bounded reads from any other thread. The
-// target and the transport are touched only from the daemon's thread; TransportStats are atomic.
+// target and the transport are touched only from the daemon's thread; TransportStats (counters,
+// and a log of every command as it reached the target) may be read from any thread.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -37,11 +41,73 @@
 
 namespace blkfence::daemon::testing {
 
+// One command as it reached the target.
+struct CommandRecord {
+  std::chrono::steady_clock::time_point at;
+  std::string device;
+  std::uint8_t opcode = 0;          // 5Eh PERSISTENT RESERVE IN, 5Fh PERSISTENT RESERVE OUT, ...
+  std::uint8_t service_action = 0;  // CDB byte 1, bits 4..0
+  std::uint64_t key = 0;            // PR OUT: RESERVATION KEY of the parameter list
+  std::uint64_t sa_key = 0;         // PR OUT: SERVICE ACTION RESERVATION KEY
+
+  static constexpr std::uint8_t kPrIn = 0x5e;
+  static constexpr std::uint8_t kPrOut = 0x5f;
+  // A PR OUT that could give its key the LU: a RESERVE, a PREEMPT (AND ABORT), or a REGISTER (AND
+  // IGNORE EXISTING KEY) of a new key. An unregister (REGISTER with service action key 0), a
+  // RELEASE or a CLEAR cannot.
+  bool could_take() const {
+    if (opcode != kPrOut) {
+      return false;
+    }
+    switch (service_action) {
+      case 0x00:                      // REGISTER
+      case 0x06:                      // REGISTER AND IGNORE EXISTING KEY
+      case 0x07: return sa_key != 0;  // REGISTER AND MOVE
+      case 0x01:                      // RESERVE
+      case 0x04:                      // PREEMPT
+      case 0x05: return true;         // PREEMPT AND ABORT
+      default: return false;
+    }
+  }
+};
+
 // What the device saw, readable from any thread.
 struct TransportStats {
   std::atomic<std::uint64_t> commands{0};
   std::atomic<std::size_t> in_flight{0};
   std::atomic<std::size_t> in_flight_max{0};
+
+  void record(CommandRecord command) {
+    {
+      const std::lock_guard lock(mutex_);
+      log_.push_back(std::move(command));
+    }
+    changed_.notify_all();
+  }
+  // Every command so far, in the order they reached the target.
+  std::vector<CommandRecord> log() const {
+    const std::lock_guard lock(mutex_);
+    return log_;
+  }
+  // Waits until one command satisfies pred, at most wait; that command, or nullopt.
+  template <typename Pred>
+  std::optional<CommandRecord> await(Pred pred, std::chrono::milliseconds wait) {
+    std::unique_lock lock(mutex_);
+    std::optional<CommandRecord> found;
+    (void)changed_.wait_for(lock, wait, [&] {
+      const auto it = std::find_if(log_.begin(), log_.end(), pred);
+      if (it != log_.end()) {
+        found = *it;
+      }
+      return found.has_value();
+    });
+    return found;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<CommandRecord> log_;
 };
 
 // A transport over a SimTarget that answers in real time, as a device serving one command at a
@@ -64,14 +130,22 @@ class PacedSimTransport final : public transport::Transport {
   }
 
   Result<transport::PathId> open_path(const std::string& device) override {
-    return inner_->open_path(device);
+    auto opened = inner_->open_path(device);
+    if (opened) {
+      devices_[*opened] = device;
+    }
+    return opened;
   }
   void close_path(transport::PathId path) override { inner_->close_path(path); }
 
   Result<void> submit(transport::PathId path, transport::Command command) override {
+    CommandRecord record = record_of(path, command);
     if (auto submitted = inner_->submit(path, std::move(command)); !submitted) {
       return submitted;
     }
+    // The command executed on the target inside submit: it has reached it now.
+    record.at = std::chrono::steady_clock::now();
+    stats_.record(std::move(record));
     std::vector<transport::Completion> done;
     // The simulated clock runs until the answer is back: nothing else is in flight inside.
     while (done.empty()) {
@@ -117,6 +191,26 @@ class PacedSimTransport final : public transport::Transport {
     transport::Completion completion;
   };
 
+  CommandRecord record_of(transport::PathId path, const transport::Command& command) const {
+    CommandRecord record;
+    const auto device = devices_.find(path);
+    record.device = device == devices_.end() ? std::string() : device->second;
+    record.opcode = command.cdb[0];
+    record.service_action = command.cdb[1] & 0x1f;
+    const auto big_endian = [&](std::size_t offset) {
+      std::uint64_t value = 0;
+      for (std::size_t i = 0; i < 8 && offset + i < command.data_out.size(); ++i) {
+        value = (value << 8) | command.data_out[offset + i];
+      }
+      return value;
+    };
+    if (record.opcode == CommandRecord::kPrOut && command.data_out.size() >= 16) {
+      record.key = big_endian(0);
+      record.sa_key = big_endian(8);
+    }
+    return record;
+  }
+
   void count_in_flight() {
     stats_.in_flight = queue_.size();
     if (queue_.size() > stats_.in_flight_max) {
@@ -141,6 +235,7 @@ class PacedSimTransport final : public transport::Transport {
   std::unique_ptr<transport::SimTransport> inner_;
   std::deque<Queued> queue_;
   std::chrono::steady_clock::time_point last_due_{};
+  std::map<transport::PathId, std::string> devices_;
 };
 
 // A simulated target with one LU per device name the configuration uses, reached as
@@ -176,7 +271,10 @@ class SimDevices {
                            .paths = {{.sg = "/dev/sim-" + device, .sd = {}, .hctl = {}}}});
           }
           return lus;
-        }};
+        },
+        .group_lookup = group_id,
+        .epochs =
+            [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); }};
   }
 
   transport::SimTarget& target() { return target_; }
@@ -256,6 +354,8 @@ class LineClient {
   }
   bool connected() const { return connected_; }
   int fd() const { return fd_.get(); }
+  // Hangs up, as a caller that was killed.
+  void close() { fd_ = UniqueFd(); }
 
   bool write(const std::string& bytes) {
     std::size_t sent = 0;
