@@ -168,7 +168,8 @@ DaemonEnv system_daemon_env() {
 std::chrono::milliseconds epoch_store_wait(const Config& config) {
   std::chrono::milliseconds wait = kEpochStoreWaitMax;
   for (const auto& resource : config.resources) {
-    wait = std::min(wait, resource.check_interval / 4);
+    wait =
+        std::min({wait, resource.check_interval, (resource.lease - resource.check_interval) / 2});
   }
   return std::max(wait, std::chrono::milliseconds(1));
 }

@@ -61,9 +61,10 @@ struct DaemonEnv {
   // (epoch_worker.h).
   std::function<std::unique_ptr<fence::EpochStore>(const std::string& state_dir)> epochs;
 };
-// How long the event loop waits for a load or store of the epoch file: a quarter of the shortest
-// check_interval, and at most this (docs/operations.md, "Blocking calls").
-inline constexpr std::chrono::milliseconds kEpochStoreWaitMax{250};
+// How long the event loop waits for a load or store of the epoch file: what every resource's
+// monitor can afford (one check_interval, and half of what its lease leaves over check_interval),
+// and at most this (docs/operations.md, "Blocking calls").
+inline constexpr std::chrono::milliseconds kEpochStoreWaitMax{1000};
 [[nodiscard]] std::chrono::milliseconds epoch_store_wait(const Config& config);
 // io_uring or SG_IO as configured, and resolve_devices() on /sys and /dev, the epochs in files.
 DaemonEnv system_daemon_env();
