@@ -35,9 +35,14 @@ void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time no
     return;
   }
   std::vector<pr::Path>& current = options_.lus[lu].paths;
+  // A path is its H:C:T:L and the device nodes that reach it: a device removed and found again
+  // under the same H:C:T:L is a new device (often under new node names, since the old ones live on
+  // while an fd holds them), so the old one is gone and the new one is registered like any new
+  // path (on the same I_T nexus that is a no-op for the target).
   const auto known = [](const std::vector<pr::Path>& list, const pr::Path& path) {
-    return std::any_of(list.begin(), list.end(),
-                       [&](const pr::Path& p) { return p.hctl == path.hctl; });
+    return std::any_of(list.begin(), list.end(), [&](const pr::Path& p) {
+      return p.hctl == path.hctl && p.sg == path.sg && p.sd == path.sd;
+    });
   };
   std::string added;
   std::string removed;
@@ -58,6 +63,11 @@ void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time no
   });
   if (added.empty() && removed.empty()) {
     return;
+  }
+  for (const pr::Path& path : current) {
+    if (!known(paths, path)) {
+      engine_.forget(pr::command_device(path));  // its fd would hold the removed device open
+    }
   }
   current = std::move(paths);
   std::string detail = options_.lus[lu].name + ":";

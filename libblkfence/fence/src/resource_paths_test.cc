@@ -3,7 +3,8 @@
 // a fence (S5), taken back when a preempt landed just before it, and never taken back unread when
 // the read after its REGISTER fails (S4: the monitor reads at once instead); a release asked for
 // meanwhile waits for the registration instead of failing; one hung path of a multipath LU never
-// costs contact while the other path answers.
+// costs contact while the other path answers; a device found again under its H:C:T:L is a new
+// path, and the fd of the old one is closed.
 #include <gtest/gtest.h>
 
 #include "resource_test_bench.h"
@@ -43,6 +44,53 @@ TEST_F(ResourceTest, ANewPathOfAHeldLuIsRegisteredWithTheCurrentKey) {
   EXPECT_TRUE(a->resource->gate_open());
   EXPECT_EQ(a->resource->state(), State::kHeld);
   EXPECT_GE(a->recorder.count(EventKind::kPathsChanged), 2U);  // the change, then the registration
+}
+
+// A device removed and found again under the same H:C:T:L (delete, then a rescan of its host): the
+// kernel gives it new node names while the old fd holds the removed one. The old path is dropped
+// and its fd closed; the device under its new name is a new path, registered with the current key
+// while this node holds (its H:C:T:L alone would hide the change and keep the dead fd in use).
+TEST_F(ResourceTest, ADeviceFoundAgainUnderItsHctlIsANewPathAndTheOldFdIsClosed) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  const std::size_t open_before = a->transport->open_paths();
+  ASSERT_EQ(open_before, 6U) << "every path of A's 3 LUs is open after the acquire";
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  const pr::Path gone = paths[0];
+
+  paths.erase(paths.begin());
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  EXPECT_EQ(a->transport->open_paths(), open_before - 1) << "the removed path's fd is still open";
+
+  // Back under its H:C:T:L with a new name, on the same I_T nexus; the same happens when the
+  // removal and the return are seen in one rescan.
+  const std::string renamed = "/dev/sg-n1-0-0-again";
+  target.add_path(renamed, 0, nexus_of(kNodeA, 0, 0));
+  paths.insert(paths.begin(), pr::Path{.sg = renamed, .sd = {}, .hctl = gone.hctl});
+  const std::size_t before = sent.size();
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  const auto mine = a->sent_since(before);
+  EXPECT_EQ(std::count_if(mine.begin(), mine.end(),
+                          [&](const Sent& s) {
+                            return s.registers() && s.sa_key == key.value() &&
+                                   s.nexus == nexus_of(kNodeA, 0, 0);
+                          }),
+            1);
+  EXPECT_EQ(a->resource->options().lus[0].paths[0].sg, renamed);
+
+  const pr::Path renamed_path = a->resource->options().lus[0].paths[0];
+  const std::string renamed_again = "/dev/sg-n1-0-0-third";
+  target.add_path(renamed_again, 0, nexus_of(kNodeA, 0, 0));
+  paths[0] = pr::Path{.sg = renamed_again, .sd = {}, .hctl = renamed_path.hctl};
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  EXPECT_EQ(a->resource->options().lus[0].paths[0].sg, renamed_again);
+  EXPECT_EQ(a->transport->open_paths(), open_before) << "one fd per path, none for the old names";
+  EXPECT_TRUE(a->resource->gate_open());
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_EQ(a->recorder.count(EventKind::kLostContact), 0U);
 }
 
 // S5 for paths: after a fence, a new path (or one that comes back) is not registered; not one

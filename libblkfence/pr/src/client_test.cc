@@ -4,7 +4,8 @@
 // names its request; RESERVATION CONFLICT is never retried; a lost answer is indeterminate, never
 // "failed", and not retried; reads fail over to the next path on a transport error or a timeout
 // while PR OUT does not; a read starts on the path that last answered, a path whose read timed out
-// goes last until it answers again; one batch covers many LUs.
+// goes last until it answers again; an fd whose device was removed (ENODEV) is closed and its name
+// opened again on the next request; one batch covers many LUs.
 #include "blkfence/pr/client.h"
 
 #include <map>
@@ -263,6 +264,37 @@ TEST_F(ClientTest, AReadThatTimesOutFailsOverAndTheNextStartsOnThePathThatAnswer
   ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
   ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
   EXPECT_EQ(sent, (std::vector<transport::NexusId>{kNexusA2, kNexusA1, kNexusA1}));
+}
+
+// A device removed under an open fd (sg.c answers ENODEV from then on, and keeps the device, with
+// its sg minor, until the fd is closed): the read fails over, the fd is closed at once, and a later
+// request that names the device opens it again, reaching whatever the name names now.
+TEST_F(ClientTest, AnFdWhoseDeviceWasRemovedIsClosedAndTheNameOpenedAgain) {
+  bool removed = false;
+  use_faults([&](const FaultContext& c) {
+    Fault fault;
+    fault.os_errno = removed && c.nexus == kNexusA1 ? ENODEV : 0;
+    return fault;
+  });
+  ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
+  ASSERT_EQ(transport_->open_paths(), 1U);
+
+  removed = true;
+  const auto keys = client_->read_keys({a_[0]});
+  ASSERT_TRUE(keys[0].value.has_value()) << keys[0].value.error().message();
+  ASSERT_EQ(keys[0].attempts.size(), 2U);
+  EXPECT_EQ(keys[0].attempts[0].outcome, Outcome::kOsError);
+  EXPECT_EQ(keys[0].attempts[1].device, "/dev/sg-a0-2");
+  EXPECT_EQ(transport_->open_paths(), 1U) << "the removed device's fd is still open";
+  EXPECT_EQ(transport_->opened_paths(), 2U);
+
+  removed = false;  // a device under the same name again
+  const LogicalUnit first_path_only{
+      .wwn = a_[0].wwn, .name = a_[0].name, .paths = {a_[0].paths[0]}};
+  const auto again = client_->read_keys({first_path_only});
+  ASSERT_TRUE(again[0].value.has_value()) << again[0].value.error().message();
+  EXPECT_EQ(transport_->opened_paths(), 3U) << "the name is opened again, not the dead fd reused";
+  EXPECT_EQ(transport_->open_paths(), 2U);
 }
 
 // A PR OUT whose answer never comes may still execute where it was sent (S4): it is indeterminate

@@ -75,6 +75,24 @@ Result<transport::PathId> Engine::path_for(const std::string& device) {
   return path;
 }
 
+void Engine::forget(const std::string& device) {
+  if (const auto it = paths_.find(device); it != paths_.end()) {
+    const transport::PathId path = it->second;
+    paths_.erase(it);
+    transport_.close_path(path);
+  }
+  standing_.erase(device);
+}
+
+// sg.c answers every command on an fd whose device was removed with ENODEV (sdp->detaching), and
+// the removed device lives on, with its sg minor, until its last fd is closed: keeping the fd would
+// hold a dead device open and fail the path for good even once its H:C:T:L is back.
+void Engine::drop_if_detached(const std::string& device, int os_errno) {
+  if (os_errno == ENODEV) {
+    forget(device);
+  }
+}
+
 void Engine::order_for_read(std::vector<std::string>& devices) const {
   const auto standing_of = [this](const std::string& device) {
     const auto it = standing_.find(device);
@@ -170,6 +188,7 @@ void Engine::submit(Batch& batch, std::size_t index, Time now) {
         return;
       }
     }
+    drop_if_detached(device, submitted.error().errno_value());
     batch.responses[index].attempts.push_back(Attempt{
         .device = device, .outcome = Outcome::kOsError, .sense = std::nullopt, .latency = {}});
     if (!request.is_read || slot.candidate + 1 == request.devices.size()) {
@@ -210,6 +229,7 @@ void Engine::on_completion(transport::Completion completion, Time now) {
   if (request.is_read) {
     note_read(attempt.device, completion.outcome, completion.os_errno);
   }
+  drop_if_detached(attempt.device, completion.os_errno);
   const bool more_paths = request.is_read && slot.candidate + 1 < request.devices.size();
   const auto later = [&] {
     slot.backoff = slot.backoff.count() == 0 ? policy_.backoff_first

@@ -138,7 +138,8 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
     (void)::eventfd_write(event.get(), 1);
   }
 
-  void report_unanswered(std::uint64_t id, Outcome outcome, std::uint16_t host_status) {
+  void report_unanswered(std::uint64_t id, Outcome outcome, std::uint16_t host_status,
+                         int os_errno = 0) {
     const auto it = pending.find(id);
     if (it == pending.end()) {
       return;
@@ -146,6 +147,7 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
     Completion completion = completion_of(it->second);
     completion.outcome = outcome;
     completion.host_status = host_status;
+    completion.os_errno = os_errno;
     report(id, std::move(completion));
   }
 
@@ -224,6 +226,12 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
          [id](Core& self) { self.report_unanswered(id, Outcome::kTransportError, kDidNoConnect); });
       return {};
     }
+    if (fault.os_errno != 0) {
+      at(now + latency, [id, os_errno = fault.os_errno](Core& self) {
+        self.report_unanswered(id, Outcome::kOsError, 0, os_errno);
+      });
+      return {};
+    }
     if (fault.drop_request || link(path.lu) == LinkState::kNoAnswer) {
       return {};
     }
@@ -292,6 +300,15 @@ void SimTransport::close_path(PathId path) {
   for (const std::uint64_t id : held) {
     core_->report_unanswered(id, Outcome::kIndeterminate, 0);
   }
+}
+
+std::size_t SimTransport::open_paths() const {
+  return static_cast<std::size_t>(std::count_if(core_->paths.begin(), core_->paths.end(),
+                                                [](const auto& path) { return path.second.open; }));
+}
+
+std::size_t SimTransport::opened_paths() const {
+  return core_->paths.size();
 }
 
 Result<void> SimTransport::submit(PathId path, Command command) {

@@ -184,6 +184,8 @@ class Resource {
   // the current key, after a read shows the key still current, and the key is verified again
   // afterwards; a new path of a fenced, released or lost-contact node is not (S5). An empty list
   // is ignored: a LU keeps its last paths rather than none (its reads fail and the lease decides).
+  // A path is its H:C:T:L with its device nodes: one that went away, or whose H:C:T:L came back
+  // under other nodes, is gone, and the engine closes its fd (pr::Engine::forget()).
   void update_paths(std::size_t lu, std::vector<pr::Path> paths, Time now);
 
   void on_time(Time now);

@@ -109,6 +109,13 @@ class Engine {
   // Ends every open request with error (the transport broke), calling the callbacks.
   void fail_all(const Error& error, Time now);
 
+  // Closes the path to device, if it is open, and forgets what reads taught about it: the device
+  // went away, or its name may now name another device. Its commands still in the kernel complete
+  // as Transport::close_path() says. A later request that names the device opens it again.
+  void forget(const std::string& device);
+  // How many paths are open in the transport (one fd each).
+  std::size_t open_paths() const { return paths_.size(); }
+
   std::size_t open_batches() const { return batches_.size(); }
   transport::Transport& transport() const { return transport_; }
   const RetryPolicy& policy() const { return policy_; }
@@ -127,6 +134,8 @@ class Engine {
   // otherwise in the caller's order.
   void order_for_read(std::vector<std::string>& devices) const;
   void note_read(const std::string& device, transport::Outcome outcome, int os_errno);
+  // Forgets the device's path when the kernel said its device is gone (ENODEV).
+  void drop_if_detached(const std::string& device, int os_errno);
   void submit(Batch& batch, std::size_t index, Time now);
   void finish(Batch& batch, std::size_t index, Result<std::vector<std::uint8_t>> data);
   void deliver_finished(Time now);
@@ -134,7 +143,7 @@ class Engine {
   transport::Transport& transport_;
   RetryPolicy policy_;
   std::map<std::string, transport::PathId> paths_;
-  // Every device a read was sent to, like paths_: as many as the host has had paths.
+  // Every device a read was sent to and not forgotten since, like paths_.
   std::map<std::string, Standing> standing_;
   std::uint64_t next_answer_ = 1;
   std::uint64_t next_batch_ = 1;

@@ -52,6 +52,9 @@ struct Fault {
   std::chrono::nanoseconds duplicate_interval{std::chrono::milliseconds(1)};
   // The host reports DID_NO_CONNECT after the base latency (kTransportError); never sent.
   bool transport_error = false;
+  // The host refuses the command with this errno before sending it (kOsError after the base
+  // latency), as sg.c answers every command on an fd whose device was removed with ENODEV.
+  int os_errno = 0;
   // Established on the command's (LU, nexus) just before it arrives, so the command gets it and
   // does not execute (unless it is INQUIRY, REPORT LUNS or REQUEST SENSE).
   std::optional<UnitAttention> unit_attention;
@@ -123,6 +126,10 @@ class SimTransport final : public Transport {
   // Readable while completions are ready at the current simulated time.
   int poll_fd() const override;
   std::string_view name() const override { return "sim"; }
+
+  // Paths open now, and paths ever opened (each open_path() that succeeded).
+  std::size_t open_paths() const;
+  std::size_t opened_paths() const;
 
   void set_link(LuId lu, LinkState state);
   SimTarget& target() const;
