@@ -245,7 +245,13 @@ new_sg=$(sg_of "${hctl[0]}")
 lab_log "${hctl[0]}: $old_sg before, $new_sg after"
 udevadm settle --timeout=60
 lab_expect "A's daemon lists the re-added device, not the removed one" await 300 daemon_lists_current
-lab_expect "A's daemon registers its key on it again (its log)" bf_await_log A "registered $key on $new_sg" 300
+if [[ $new_sg != "$old_sg" ]]; then
+  lab_expect "A's daemon registers its key on it again (its log)" bf_await_log A "registered $key on $new_sg" 300
+else
+  # The daemon's fd was closed (ENODEV) before the rescan, so the kernel gave the name back: the
+  # daemon may see the same path and register nothing; the I_T nexus keeps the key either way.
+  lab_log "${hctl[0]} came back under its old name $old_sg"
+fi
 lab_expect_read "A's key is still registered on both nexuses" "$key $key " lab_keyset "$new_sg"
 lab_expect_read "A's gate stayed open" true bf_field A "$res" gate_open
 read -r fds_now deleted_now _ deleted_names < <(fds "$pid")
