@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -936,6 +937,10 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
         [](sd_event_source*, std::uint64_t, void* userdata) -> int {
           auto* p = static_cast<std::shared_ptr<Pending>*>(userdata);
           Pending& waiting = **p;
+          // The timer holds the pending operation and the operation its timer: once fired, the
+          // timer lets go (its destroy callback runs after this returns), or neither would ever
+          // be freed.
+          sd_event_source* const fired = std::exchange(waiting.timer, nullptr);
           if (!waiting.answered) {
             waiting.answered = true;
             waiting.daemon->control_->release_hold(waiting.client);
@@ -954,6 +959,7 @@ void Daemon::run_operation(ClientId client, const Request& request, fence::Resou
                               "'blkfencectl status " +
                                   waiting.resource + "'");
           }
+          sd_event_source_disable_unref(fired);
           return 0;
         },
         holder);
