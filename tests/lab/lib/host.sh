@@ -146,10 +146,15 @@ lab_accel() {
   echo "$accel"
 }
 
-# lab_boot OUT_DIR INTERACTIVE TIMEOUT_S: boots the guest with the host root read-only and OUT_DIR
-# writable; OUT_DIR/job.env tells the guest what to do. Returns qemu's exit status.
+# The line with which a guest that cannot write its status to the results share ends its report on
+# the console (tests/lab/run --verdict-from-console).
+readonly lab_verdict_line='^lab: exit status [0-9]+'
+
+# lab_boot OUT_DIR INTERACTIVE TIMEOUT_S [CONSOLE_VERDICT]: boots the guest with the host root
+# read-only and OUT_DIR writable; OUT_DIR/job.env tells the guest what to do. With CONSOLE_VERDICT
+# 1, qemu is stopped as soon as the console shows the verdict line. Returns qemu's exit status.
 lab_boot() {
-  local out=$1 interactive=$2 timeout_s=$3
+  local out=$1 interactive=$2 timeout_s=$3 console_verdict=${4:-0}
   local accel
   accel=$(lab_accel)
   local -a console=(-serial "file:$out/console.log")
@@ -171,11 +176,39 @@ lab_boot() {
   timeout --kill-after=10 "$timeout_s" "${qemu[@]}" </dev/null >"$out/qemu.log" 2>&1 &
   local qemu_pid=$! rc=0
   lab_watch_console "$out" "$qemu_pid" &
-  local watcher=$!
+  local watcher=$! verdict_watcher=""
+  if [[ $console_verdict == 1 ]]; then
+    lab_await_verdict "$out" "$qemu_pid" &
+    verdict_watcher=$!
+  fi
   wait "$qemu_pid" || rc=$?
-  kill "$watcher" 2>/dev/null
-  wait "$watcher" 2>/dev/null
+  kill "$watcher" $verdict_watcher 2>/dev/null
+  wait "$watcher" $verdict_watcher 2>/dev/null
   return "$rc"
+}
+
+# lab_await_verdict OUT_DIR PID: stops PID (qemu under timeout) once the console shows the verdict
+# line, unless the guest ends first.
+lab_await_verdict() {
+  local out=$1 pid=$2 line
+  while IFS= read -r line; do
+    if [[ $line =~ $lab_verdict_line ]]; then
+      kill -TERM "$pid" 2>/dev/null
+      return 0
+    fi
+  done < <(tail -n +1 -F --pid="$pid" "$out/console.log" 2>/dev/null)
+}
+
+# lab_console_verdict OUT_DIR: for a guest that reported on the console, writes OUT_DIR/status from
+# its verdict line and appends its report (from "lab: console output follows" to the verdict) to
+# OUT_DIR/test.log; does nothing when the console has no verdict line.
+lab_console_verdict() {
+  local out=$1 rc
+  rc=$(awk '{ sub(/\r$/, "") } /^lab: exit status [0-9]+$/ { print $4; exit }' "$out/console.log")
+  [[ -n $rc ]] || return 0
+  awk '{ sub(/\r$/, "") } /^lab: console output follows$/ { on = 1 } on { print }
+       /^lab: exit status [0-9]+$/ { exit }' "$out/console.log" >>"$out/test.log"
+  echo "$rc" >"$out/status"
 }
 
 # lab_watch_console OUT_DIR PID: waits for the guest console to report a wedged kernel; then gives
