@@ -41,6 +41,7 @@ bf_config A 1 "$preempt" "$db_lus" "$shared_lu" "${interval_ms}ms" 3s
 bf_config B 2 "$preempt" "$db_lus" "$shared_lu" "${interval_ms}ms" 3s
 a_binary=$BLKFENCED
 [[ $mode == mutant ]] && a_binary=${BLKFENCED_MUTANT:?BLKFENCED_MUTANT names blkfenced_mutant_reregister}
+lab_expect_read "APTPL is off on every LU after the clear (its REGISTER had APTPL=0)" "0 " bf_ptpl_active_everywhere $db_lus
 lab_expect "A's daemon starts" bf_start A "$a_binary"
 lab_expect "B's daemon starts" bf_start B
 lab_expect_read "A's gate is closed at start" false bf_field A db gate_open
@@ -54,6 +55,7 @@ lab_expect "A's status names its key ('$key_a')" lab_is_key "$key_a"
 lab_expect_key "A's token file holds its key" "$key_a" cat "$BF/A/run/db.token"
 lab_expect_read "A's key is the only key on every LU (read by B)" "$key_a " bf_keys_everywhere $db_lus
 lab_expect_key "A holds LU $first_lu (read by B)" "$key_a" lab_holder_key "$b_dev"
+lab_expect_read "APTPL is active on every LU: A's REGISTERs set it (LIO reports PTPL_C)" "1 " bf_ptpl_active_everywhere $db_lus
 lab_expect_eq "gate check on A says open" "$(bf_ctl A gate check db >/dev/null 2>&1; echo $?)" 0
 lab_expect_eq "gate check on B says closed" "$(bf_ctl B gate check db >/dev/null 2>&1; echo $?)" 1
 

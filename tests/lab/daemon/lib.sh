@@ -236,6 +236,20 @@ bf_holders_everywhere() {
   [[ -z $all ]] || printf '%s' "$all" | sort -u | tr '\n' ' '
 }
 
+# bf_ptpl_active_everywhere LU...: PTPL_A (APTPL active) of every LU from REPORT CAPABILITIES (read
+# through node B), sorted and unique, each followed by a space. Fails when any LU cannot be read.
+bf_ptpl_active_everywhere() {
+  local lu dev out all=""
+  for lu in "$@"; do
+    dev=$(lab_dev B "$lu") || { echo "bf_ptpl_active_everywhere: LU $lu is not in the map" >&2; return 1; }
+    out=$(lab_pr --in --report-capabilities "$dev") &&
+      [[ $out =~ PTPL_A\):\ ([01]) ]] ||
+      { echo "bf_ptpl_active_everywhere: LU $lu ($dev) cannot be read: $out" >&2; return 1; }
+    all+=${BASH_REMATCH[1]}$'\n'
+  done
+  [[ -z $all ]] || printf '%s' "$all" | sort -u | tr '\n' ' '
+}
+
 # bf_keys_everywhere LU...: the registered keys of every LU (read through node B), sorted and unique,
 # each followed by a space ("" when no LU has one). Fails when any LU cannot be read: an unreadable
 # LU is not one without keys.
