@@ -1,8 +1,9 @@
 #!/bin/bash
 # blkfenced end to end on real LIO (issue 4; docs/protocol.md, docs/design.md §5): two daemons, node A and node B, each
 # using only its own nexuses, in one boot:
-#   1. failover: A acquires; a writer under `blkfencectl run` on A writes records stamped with A's
-#      epoch; A is frozen whole (SIGSTOP: daemon, run, writer); B acquires (preempts A); the writer is
+#   1. failover: A acquires (its REGISTERs set APTPL: PTPL_A is on where the clear left it off);
+#      a writer under `blkfencectl run` on A writes records stamped with A's epoch; A is frozen
+#      whole (SIGSTOP: daemon, run, writer); B acquires (preempts A); the writer is
 #      resumed and its next write is refused by the target (EBADE); A's daemon is resumed and
 #      reports fenced within one check_interval plus a round trip, removes the token, runs
 #      on_fenced, and `run` kills the writer; no record of A's epoch written after B's acquisition
