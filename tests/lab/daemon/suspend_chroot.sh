@@ -93,7 +93,7 @@ lost_contact_total() {
 }
 
 echo "lab: console output follows"
-echo "=== daemon/suspend (in the chroot): delay ${delay_s}s, lease ${lease_s}s"
+echo "=== the suspend check (in the chroot): delay ${delay_s}s, lease ${lease_s}s"
 
 # --- 1. A holds db -------------------------------------------------------------------------------
 blkfenced --config /etc/blkfence.toml --log stderr >>"$log" 2>&1 &
