@@ -396,6 +396,7 @@ class SimDaemonTest : public ::testing::Test {
     std::chrono::milliseconds check_interval{100};
     std::chrono::milliseconds lease{1000};
     std::chrono::milliseconds command_timeout{500};
+    Mode mode = Mode::kExclusive;
     // Runs on the target before the daemon does (nothing else touches it yet).
     std::function<void(testing::SimDevices&)> before;
     // The epoch store the daemon puts behind its bounded wait (DaemonEnv::epochs); none: the file
@@ -427,6 +428,7 @@ class SimDaemonTest : public ::testing::Test {
       resource.check_interval = options.check_interval;
       resource.lease = options.lease;
       resource.command_timeout = options.command_timeout;
+      resource.mode = options.mode;
       resource.on_fenced.action = OnFencedAction::kNone;
       config.resources.push_back(resource);
       (void)devices_->lu(resource.devices[0]);
@@ -483,7 +485,9 @@ class SimDaemonTest : public ::testing::Test {
   // The status of pgdata once a cancelled operation has ended (its detail says so), as a `keys`
   // request answers it: the daemon starts that read only between the protocol's batches, and it
   // reads the LU itself.
-  nlohmann::json status_after_cancel(testing::LineClient& client) {
+  // The resource's status once its detail says the operation ended (by default: "cancelled").
+  nlohmann::json status_after_cancel(testing::LineClient& client,
+                                     const std::string& ended = "cancelled") {
     const auto deadline = std::chrono::steady_clock::now() + kWait;
     std::uint64_t id = 100;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -492,7 +496,7 @@ class SimDaemonTest : public ::testing::Test {
         return {};
       }
       nlohmann::json status = reply.body["status"];
-      if (status.value("detail", "").find("cancelled") != std::string::npos) {
+      if (status.value("detail", "").find(ended) != std::string::npos) {
         return status;
       }
     }
@@ -656,6 +660,42 @@ TEST_F(SimDaemonTest, AnAcquirePastItsTimeoutSendsNoPrOutThatCouldTakeTheLu) {
   EXPECT_EQ(status.value("state", ""), "released") << status.dump();
   EXPECT_FALSE(status.value("gate_open", true));
   EXPECT_EQ(status["lus"][0].value("holder", ""), fence::Key::format(other_holder()));
+}
+
+TEST_F(SimDaemonTest, APromoteWhoseCallerWentAwaySendsNoPrOutThatCouldTakeTheLu) {
+  // Primary mode: node 9 is the primary (it holds lu0); this node joins as a member, then its
+  // pre_promote starts a promote and is killed mid-way.
+  SimDaemonTest::Options options = slow_lu_held_by_another_node();
+  options.mode = Mode::kPrimary;
+  start(options);
+  await_state_known();
+  testing::LineClient root(socket_path());
+  const auto joined = ask(root, request(control::Op::kUnfence, "pgdata", 1));
+  ASSERT_TRUE(joined.ok) << joined.body.dump();
+  testing::LineClient caller(socket_path());
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_TRUE(caller.write(control::encode_request(request(control::Op::kPromote, "pgdata", 2))));
+  // Mid-operation: the promote's first PR OUT that could take (its re-key) reached the target.
+  const auto first = devices_->stats().await(
+      [sent](const testing::CommandRecord& c) { return c.at > sent && c.could_take(); }, kWait);
+  ASSERT_TRUE(first) << "the promote sent no PR OUT";
+  ASSERT_NE(first->service_action, 0x04) << "a PREEMPT came first";
+  ASSERT_NE(first->service_action, 0x05) << "a PREEMPT AND ABORT came first";
+  caller.close();
+  const auto gone = std::chrono::steady_clock::now();
+  // A cancelled promote leaves a member a member (docs/protocol.md, "Primary mode").
+  const nlohmann::json status = status_after_cancel(root, "promote failed");
+  for (const auto& command : devices_->stats().log()) {
+    EXPECT_FALSE(command.at > gone && command.could_take())
+        << "PR OUT service action " << int{command.service_action} << " (key "
+        << fence::Key::format(command.key) << ", service action key "
+        << fence::Key::format(command.sa_key) << ") after the caller went away";
+  }
+  ASSERT_TRUE(status.is_object());
+  EXPECT_EQ(status.value("state", ""), "unfenced") << status.dump();
+  EXPECT_NE(status.value("detail", "").find("still a member"), std::string::npos) << status.dump();
+  EXPECT_EQ(status["lus"][0].value("holder", ""), fence::Key::format(other_holder()))
+      << "the old primary still holds: " << status.dump();
 }
 
 // The epoch file's fsync stalls for ten check intervals (a disk that stops answering).
