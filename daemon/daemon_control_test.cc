@@ -504,6 +504,17 @@ class SimDaemonTest : public ::testing::Test {
     return {};
   }
 
+  // Fails the test for each PR OUT that could take a LU and reached the target after since.
+  void expect_nothing_taken_since(std::chrono::steady_clock::time_point since,
+                                  const std::string& after) {
+    for (const auto& command : devices_->stats().log()) {
+      EXPECT_FALSE(command.at > since && command.could_take())
+          << "PR OUT service action " << int{command.service_action} << " (key "
+          << fence::Key::format(command.key) << ", service action key "
+          << fence::Key::format(command.sa_key) << ") " << after;
+    }
+  }
+
   TempDir dir_;
   std::unique_ptr<testing::SimDevices> devices_;
   std::unique_ptr<testing::DaemonThread> daemon_;
@@ -621,12 +632,7 @@ TEST_F(SimDaemonTest, AnAcquireWhoseCallerWentAwaySendsNoPrOutThatCouldTakeTheLu
   const auto gone = std::chrono::steady_clock::now();
   testing::LineClient root(socket_path());
   const nlohmann::json status = status_after_cancel(root);
-  for (const auto& command : devices_->stats().log()) {
-    EXPECT_FALSE(command.at > gone && command.could_take())
-        << "PR OUT service action " << int{command.service_action} << " (key "
-        << fence::Key::format(command.key) << ", service action key "
-        << fence::Key::format(command.sa_key) << ") after the caller went away";
-  }
+  expect_nothing_taken_since(gone, "after the caller went away");
   ASSERT_TRUE(status.is_object());
   EXPECT_EQ(status.value("state", ""), "released") << status.dump();
   EXPECT_FALSE(status.value("gate_open", true));
@@ -640,7 +646,7 @@ TEST_F(SimDaemonTest, AnAcquirePastItsTimeoutSendsNoPrOutThatCouldTakeTheLu) {
   start(slow_lu_held_by_another_node());
   await_state_known();
   testing::LineClient caller(socket_path());
-  const std::size_t before = devices_->stats().log().size();
+  const auto sent = std::chrono::steady_clock::now();
   control::Request acquire = request(control::Op::kAcquire, "pgdata", 1);
   // Passes while the acquire's first read (two commands, 200 ms each) is on the device.
   acquire.timeout = std::chrono::milliseconds(50);
@@ -649,13 +655,7 @@ TEST_F(SimDaemonTest, AnAcquirePastItsTimeoutSendsNoPrOutThatCouldTakeTheLu) {
   EXPECT_EQ(reply.error->code, control::ReplyError::kTimeout);
   EXPECT_NE(reply.error->message.find("cancelled"), std::string::npos) << reply.error->message;
   const nlohmann::json status = status_after_cancel(caller);  // the caller stays
-  const auto log = devices_->stats().log();
-  for (std::size_t i = before; i < log.size(); ++i) {
-    EXPECT_FALSE(log[i].could_take())
-        << "PR OUT service action " << int{log[i].service_action} << " (key "
-        << fence::Key::format(log[i].key) << ", service action key "
-        << fence::Key::format(log[i].sa_key) << ") after the acquire's deadline";
-  }
+  expect_nothing_taken_since(sent, "after the acquire with a deadline was sent");
   ASSERT_TRUE(status.is_object());
   EXPECT_EQ(status.value("state", ""), "released") << status.dump();
   EXPECT_FALSE(status.value("gate_open", true));
@@ -685,12 +685,7 @@ TEST_F(SimDaemonTest, APromoteWhoseCallerWentAwaySendsNoPrOutThatCouldTakeTheLu)
   const auto gone = std::chrono::steady_clock::now();
   // A cancelled promote leaves a member a member (docs/protocol.md, "Primary mode").
   const nlohmann::json status = status_after_cancel(root, "promote failed");
-  for (const auto& command : devices_->stats().log()) {
-    EXPECT_FALSE(command.at > gone && command.could_take())
-        << "PR OUT service action " << int{command.service_action} << " (key "
-        << fence::Key::format(command.key) << ", service action key "
-        << fence::Key::format(command.sa_key) << ") after the caller went away";
-  }
+  expect_nothing_taken_since(gone, "after the caller went away");
   ASSERT_TRUE(status.is_object());
   EXPECT_EQ(status.value("state", ""), "unfenced") << status.dump();
   EXPECT_NE(status.value("detail", "").find("still a member"), std::string::npos) << status.dump();
