@@ -171,8 +171,8 @@ int run(int argc, char** argv) {
   device->footer(std::string(kDeviceFooter) + "\n" + kExitCodes);
 
   // What each device action takes besides DEVICE, --json, --verbose, --transport and --timeout.
+  // Each subcommand is named by action_name(), the name device_guard's refusals use too.
   struct Spec {  // NOLINT(clang-analyzer-optin.performance.Padding): a table of eleven
-    const char* name = nullptr;
     DeviceAction action = DeviceAction::kKeys;
     const char* help = nullptr;
     bool key = false;
@@ -182,60 +182,47 @@ int run(int argc, char** argv) {
     bool aptpl = false;
   };
   static constexpr Spec kSpecs[] = {
-      {.name = "keys",
-       .action = DeviceAction::kKeys,
-       .help = "READ KEYS: the registered keys (one per I_T nexus)"},
-      {.name = "reservation",
-       .action = DeviceAction::kReservation,
-       .help = "READ RESERVATION: the holder and the type"},
-      {.name = "status",
-       .action = DeviceAction::kStatus,
+      {.action = DeviceAction::kKeys, .help = "READ KEYS: the registered keys (one per I_T nexus)"},
+      {.action = DeviceAction::kReservation, .help = "READ RESERVATION: the holder and the type"},
+      {.action = DeviceAction::kStatus,
        .help = "READ FULL STATUS: every registration with its holder flag and TransportID"},
-      {.name = "capabilities",
-       .action = DeviceAction::kCapabilities,
+      {.action = DeviceAction::kCapabilities,
        .help = "REPORT CAPABILITIES: the types and flags the LU supports"},
-      {.name = "register",
-       .action = DeviceAction::kRegister,
+      {.action = DeviceAction::kRegister,
        .help = "Register --key on every path (REGISTER AND IGNORE EXISTING KEY, or REGISTER "
                "with --old-key)",
        .key = true,
        .old_key = true,
        .aptpl = true},
-      {.name = "unregister",
-       .action = DeviceAction::kUnregister,
+      {.action = DeviceAction::kUnregister,
        .help = "Remove this host's registration from every path (releases a reservation it "
                "holds)"},
-      {.name = "reserve",
-       .action = DeviceAction::kReserve,
+      {.action = DeviceAction::kReserve,
        .help = "RESERVE with --key and --type",
        .key = true,
        .type = true},
-      {.name = "release",
-       .action = DeviceAction::kRelease,
+      {.action = DeviceAction::kRelease,
        .help = "RELEASE with --key and --type (registrations stay)",
        .key = true,
        .type = true},
-      {.name = "preempt",
-       .action = DeviceAction::kPreempt,
+      {.action = DeviceAction::kPreempt,
        .help = "PREEMPT --victim's registrations (and its reservation) with --key",
        .key = true,
        .victim = true,
        .type = true},
-      {.name = "preempt-abort",
-       .action = DeviceAction::kPreemptAbort,
+      {.action = DeviceAction::kPreemptAbort,
        .help = "PREEMPT AND ABORT: preempt and abort the victim's commands in flight",
        .key = true,
        .victim = true,
        .type = true},
-      {.name = "clear",
-       .action = DeviceAction::kClear,
+      {.action = DeviceAction::kClear,
        .help = "CLEAR: remove the reservation and every registration",
        .key = true},
   };
   // The chosen command, set by its subcommand's callback once the command line parsed; run after.
   std::function<int()> chosen;
   for (const Spec& spec : kSpecs) {
-    CLI::App* sub = device->add_subcommand(spec.name, spec.help);
+    CLI::App* sub = device->add_subcommand(std::string(action_name(spec.action)), spec.help);
     sub->footer(kDeviceFooter);
     sub->add_option("DEVICE", args.options.devices, "Devices (several LUs at once)")->required();
     if (spec.key) {
@@ -269,7 +256,7 @@ int run(int argc, char** argv) {
       chosen = [&args, &spec] {
         args.options.action = spec.action;
         if (const std::string error = finish(args, spec.key, spec.victim); !error.empty()) {
-          std::cerr << "blkfencectl: device " << spec.name << ": " << error << '\n';
+          std::cerr << "blkfencectl: device " << action_name(spec.action) << ": " << error << '\n';
           return static_cast<int>(Exit::kUsage);
         }
         return static_cast<int>(blkfence::cli::run_device(args.options));
