@@ -24,7 +24,10 @@
 #      bound to it, does not run while the gate is closed;
 #   7. `systemctl reload` is refused (the unit has no ExecReload=: nothing is reloaded), SIGHUP
 #      through `systemctl kill` is logged and ignored (same MainPID, no restart); `systemctl stop`
-#      ends the daemon cleanly and systemd removes /run/blkfence; the epoch file stays.
+#      while an acquire is held up (A's SCSI host in recovery holds its commands) ends the daemon
+#      cleanly, and no PR OUT reaches the LU after it (its PR generation unchanged once the host
+#      runs again and the held commands are done); systemd removes /run/blkfence; the epoch file
+#      stays.
 #   usage: node.sh
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
@@ -179,6 +182,33 @@ command_timeout = "2s"
 on_fenced = "$on_fenced"
 $units
 TOML
+}
+
+# bf_until SECONDS COMMAND...: waits until COMMAND succeeds, for SECONDS at most.
+bf_until() {
+  local until=$((SECONDS + $1))
+  shift
+  while ((SECONDS < until)); do
+    "$@" 2>/dev/null && return 0
+    sleep 0.2
+  done
+  echo "bf_until: '$*' did not succeed within the time"
+  return 1
+}
+
+# a_state_is STATE: A's resource db is in STATE.
+a_state_is() { [[ $(a_field db state) == "$1" ]]; }
+
+# lu_idle H:C:T:L: the SCSI device has no command outstanding (sysfs device_busy).
+lu_idle() { [[ $(cat "/sys/class/scsi_device/$1/device/device_busy") == 0 ]]; }
+
+# pr_generation DEV: the LU's PR generation (SPC-4: every PR OUT that changes the registrations or
+# the reservation increments it), from READ KEYS. Fails when it cannot be read.
+pr_generation() {
+  local out
+  out=$(lab_pr -k "$1") && [[ $out =~ generation=(0x[0-9a-fA-F]+) ]] ||
+    { echo "pr_generation: READ KEYS on $1 failed: $out" >&2; return 1; }
+  echo "${BASH_REMATCH[1]}"
 }
 
 # The gate is checked by exit status (systemd/README.md): 0 open, 1 closed.
@@ -353,11 +383,33 @@ lab_expect "systemctl kill -s HUP blkfenced" systemctl kill --kill-who=main -s H
 lab_expect "SIGHUP is logged and ignored" journal_has blkfenced "SIGHUP ignored"
 lab_expect_read "... the daemon runs on (same MainPID, no restart)" "MainPID=$pid NRestarts=$restarts ActiveState=active" \
   sd_props blkfenced MainPID NRestarts ActiveState
-lab_expect "systemctl stop blkfenced" systemctl stop blkfenced.service
-lab_expect_read "it stopped cleanly" "ActiveState=inactive Result=success" sd_props blkfenced ActiveState Result
+
+# An acquire held up: node A's SCSI host put in recovery holds its commands in the host's queue
+# (the midlayer dispatches nothing to a host in recovery, and a command not dispatched has no
+# timeout running), so A's acquire waits on its first read for command_timeout (20 s here).
+sed -i 's/^lease = .*/lease = "30s"/; s/^command_timeout = .*/command_timeout = "20s"/' /etc/blkfence/blkfence.toml
+lab_expect "systemctl restart blkfenced (command_timeout 20s)" systemctl restart blkfenced.service
+b_sg=$(lab_dev B 0 sg) a_hctl=$(lab_dev A 0 hctl) key_b=$(b_field db key)
+a_host=/sys/class/scsi_host/host${a_hctl%%:*}
+lab_capture generation pr_generation "$b_sg" || lab_not_ok "the PR generation of LU 0 cannot be read: $generation"
+lab_expect "A's SCSI host goes into recovery" eval "echo recovery >$a_host/state"
+a_ctl acquire db --timeout 60s >/tmp/held-acquire.out 2>&1 &
+held_acquire=$!
+lab_expect "A's acquire is held up" bf_until 10 a_state_is acquiring
+restarts=$(sd_prop blkfenced NRestarts) stop_start=$SECONDS
+lab_expect "systemctl stop blkfenced while the acquire runs" systemctl stop blkfenced.service
+wait "$held_acquire"
+lab_log "the stop took $((SECONDS - stop_start)) s; the acquire exited $?: $(tr '\n' ' ' </tmp/held-acquire.out)"
+lab_expect "A's SCSI host runs again" eval "echo running >$a_host/state"
+lab_expect "A's held commands are done" bf_until 30 lu_idle "$a_hctl"
+lab_expect_read "no PR OUT reached the LU: its PR generation is unchanged" "$generation" pr_generation "$b_sg"
+lab_expect "B's status names its key ('$key_b')" lab_is_key "$key_b"
+lab_expect_read "... and B's key is the only key on LU 0" "$key_b " lab_keyset "$b_sg"
+lab_expect_read "the daemon stopped cleanly (not killed, not restarted)" \
+  "ActiveState=inactive Result=success NRestarts=$restarts" sd_props blkfenced ActiveState Result NRestarts
 lab_expect "systemd removed /run/blkfence (no token without a daemon)" test ! -e /run/blkfence
 lab_expect "the epoch file stays in /var/lib/blkfence" test -s /var/lib/blkfence/db.epoch
-lab_log "B's key $key_b; journal of A:"
+lab_log "journal of A:"
 journalctl -u blkfenced -o short-monotonic --no-pager | tail -n 40
 systemctl stop blkfenced-b.service
 lab_done
