@@ -12,7 +12,7 @@
 #
 # The goal is not multi-user.target, so none of the host's services (PostgreSQL, etcd, Patroni,
 # corosync, pacemaker, gettys) is pulled in; what sysinit.target would start and a lab guest does
-# not need (timers, binfmt, the pstore, time sync, the iSCSI units, caches that "need an update"
+# not need (binfmt, the pstore, time sync, the iSCSI units, caches that "need an update"
 # on a fresh overlay) is masked, so that the boot stays short under TCG. journald, udevd and the
 # system bus run: the checks read the journal, the udev rule names the LUs, and blkfenced stops
 # gated units over D-Bus.
