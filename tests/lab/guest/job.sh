@@ -1,0 +1,77 @@
+# The lab job's steps inside the guest, shared by both ways the guest boots (sourced; bash):
+# guest/stage2 runs them itself as PID 1, and under `tests/lab/run --init systemd` the units that
+# guest/systemd.sh generates run them (guest/systemd-step), with systemd as PID 1.
+#
+#   lab_job_topology   loads LIO and the initiator side, builds the topology job.env asks for
+#                      (topology.sh) and writes the node -> LU -> device map
+#   lab_job_run        runs the test command under the deadline watchdog and writes its status
+#   lab_job_power_off  writes the kernel log (and the journal, under systemd) and powers off
+#   lab_job_fail       records a set-up failure for the host (setup-error) and powers off
+#
+# Everything the host reads is written to /lab/out: times, setup.log, test.log, status, watchdog,
+# dmesg.log. The power-off is sysrq o in both boots: it does not depend on the guest's services, so
+# a wedged service manager cannot keep the guest up past the runner's deadline.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/root LANG=C.UTF-8
+lab_out=/lab/out
+# shellcheck source=/dev/null
+. "$lab_out/job.env"
+# shellcheck source=tests/lab/guest/topology.sh
+. "$LAB_REPO/tests/lab/guest/topology.sh"
+
+# lab_job_mark NAME: the guest's uptime at a step, for the runner's timing line.
+lab_job_mark() { printf '%s %s\n' "$1" "$(cut -d' ' -f1 /proc/uptime)" >>"$lab_out/times"; }
+
+lab_job_power_off() {
+  dmesg >"$lab_out/dmesg.log" 2>&1
+  if [[ -d /run/systemd/system ]]; then
+    journalctl -b -o short-monotonic --no-pager >"$lab_out/journal.log" 2>&1
+  fi
+  sync
+  echo o >/proc/sysrq-trigger
+  sleep 60  # sysrq o does not return; PID 1 must not exit meanwhile (that would panic)
+}
+
+lab_job_fail() {
+  echo "lab: error: $*" | tee -a "$lab_out/setup.log" >/dev/console
+  echo "setup failed: $*" >"$lab_out/setup-error"
+  lab_job_power_off
+}
+
+lab_job_topology() {
+  {
+    lab_enable_builtins && lab_load_modules &&
+      lab_create_backstores &&
+      "lab_create_$LAB_FABRIC" &&
+      lab_await_devices &&
+      lab_write_map "$lab_out/map.tsv" "$lab_out/map.json"
+  } >>"$lab_out/setup.log" 2>&1 || lab_job_fail "building the $LAB_FABRIC topology (see setup.log)"
+  lab_job_mark topology
+}
+
+# The environment a test command gets (tests/lab/README.md, "The map").
+lab_job_env() {
+  export BLKFENCE_LAB_MAP=$lab_out/map.tsv BLKFENCE_LAB_MAP_JSON=$lab_out/map.json
+  export BLKFENCE_LAB_OUT=$lab_out BLKFENCE_LAB_FABRIC=$LAB_FABRIC BLKFENCE_LAB_REPO=$LAB_REPO
+  cd "$LAB_REPO" || lab_job_fail "no $LAB_REPO in the guest"
+}
+
+# lab_job_run: the test command, its output in test.log and its exit status in status; a command
+# still running at LAB_DEADLINE_S gets its blocked tasks dumped and the guest powered off.
+lab_job_run() {
+  lab_job_env
+  (
+    sleep "$LAB_DEADLINE_S"
+    {
+      echo "lab: watchdog: the test ran past its deadline of ${LAB_DEADLINE_S}s; dumping blocked tasks and powering off"
+      echo w >/proc/sysrq-trigger
+    } | tee -a "$lab_out/test.log" >/dev/console
+    echo "$LAB_DEADLINE_S" >"$lab_out/watchdog"
+    lab_job_power_off
+  ) &
+  eval "set -- $LAB_CMD"
+  lab_job_mark test-start
+  "$@" >>"$lab_out/test.log" 2>&1 </dev/null
+  echo $? >"$lab_out/status"
+  lab_job_mark test-end
+}
