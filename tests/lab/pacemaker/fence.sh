@@ -15,7 +15,11 @@
 #      (on_target), and nodeB is no member here, so Pacemaker has nobody to run it and it fails;
 #      the check then runs the agent's on as nodeB's fencer would (stdin parameters, B's socket):
 #      B is registered on every LU again and writes;
-#   5. the same with fence_scsi (no daemons: its registrations are its own, key_value=hash):
+#   5. device mode: the daemons stop (their keys stay), and a fence_blkfence resource with
+#      cluster and A's devices, whose socket nobody answers, fences nodeB with blkfencectl device
+#      (PREEMPT of B's key, the key blkfenced registered); B's key gone, B's write refused; the
+#      agent's on as B's fencer would run it (local_node=nodeB, B's devices) registers B again;
+#   6. the same with fence_scsi (no daemons: its registrations are its own, key_value=hash):
 #      B registered with `fence_scsi -o on`, then A; `stonith_admin --fence nodeB` through a
 #      fence_scsi resource on A's paths; B's key gone from every LU; B unfenced as in 4.
 # fence_scsi always sends PREEMPT AND ABORT, which deadlocks LIO over tcm_loop on Linux 6.1
@@ -247,7 +251,29 @@ lab_expect "the fencer drops it" await_registered blkfence no
 bf_stop A
 bf_stop B
 
-# --- 5. the same with fence_scsi -------------------------------------------------------------------
+# --- 5. device mode: no blkfenced ------------------------------------------------------------------
+# The daemons stop (their keys stay registered); the agent finds nobody on its socket and sends the
+# PR commands itself with blkfencectl device, on A's paths, with the keys blkfenced would use.
+lab_expect "the fence_blkfence resource in device mode is created" stonith_create blkfence-dev fence_blkfence \
+  "nodes=nodeA:1,nodeB:2" "cluster=lab" "devices=$(devs_of A sd ,)" "preempt=preempt" \
+  "socket=$BF/none.sock" "blkfencectl_path=$BLKFENCECTL" "pcmk_off_timeout=120s"
+lab_expect "the fencer registers it" await_registered blkfence-dev yes
+fence_timed "fence_blkfence (device mode): stonith_admin --fence nodeB ($count LUs)" \
+  stonith_admin --fence nodeB --timeout 120
+lab_expect_eq "stonith_admin --fence nodeB in device mode succeeds" "$?" 0
+lab_expect_read "device mode: B's key is on none of the $count LUs, A's on every one" "$key_a " bf_keys_everywhere $lus
+lab_expect_eq "device mode: B's write is refused by the target" "$(lab_write "$b_dev" 100 "B after the fence")" "Invalid exchange"
+fence_timed "fence_blkfence (device mode): on as nodeB's fencer runs it ($count LUs)" \
+  sh -c 'printf "%s\n" action=on port=nodeB nodename=nodeB "nodes=nodeA:1,nodeB:2" cluster=lab \
+    local_node=nodeB "devices=$1" "socket=$2" "blkfencectl_path=$3" | /usr/sbin/fence_blkfence' \
+  sh "$(devs_of B sd ,)" "$BF/none.sock" "$BLKFENCECTL"
+lab_expect_eq "device mode: the agent's on for nodeB succeeds" "$?" 0
+lab_expect_read "device mode: A's and B's keys are on every LU again" \
+  "$(printf '%s\n' "$key_a" "$key_b" | sort | tr '\n' ' ')" bf_keys_everywhere $lus
+lab_expect "the device-mode resource is deleted" timeout 30 cibadmin -D -o resources -X '<primitive id="blkfence-dev"/>'
+lab_expect "the fencer drops it" await_registered blkfence-dev no
+
+# --- 6. the same with fence_scsi -------------------------------------------------------------------
 cat >"$pcmk/sg_persist" <<'WRAPPER'
 #!/bin/bash
 # fence_scsi's sg_persist in the lab: PREEMPT (-P) where fence_scsi asks PREEMPT AND ABORT (-A),
