@@ -8,6 +8,10 @@ if(TARGET blkfenced)
   install(TARGETS blkfenced RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR})
 endif()
 
+# The Pacemaker fence agent goes beside blkfencectl, which it runs: Pacemaker looks for fence
+# agents in /usr/sbin, so a distribution package (prefix /usr) puts it where Pacemaker finds it.
+install(PROGRAMS integrations/pacemaker/fence_blkfence DESTINATION ${CMAKE_INSTALL_SBINDIR})
+
 # systemd and udev read their files from fixed "lib" directories, never from a multiarch
 # CMAKE_INSTALL_LIBDIR. Installing into /usr (a distribution package) takes them from systemd.pc
 # and udev.pc (Debian 12: /lib/systemd/system, /usr/lib/tmpfiles.d, /lib/udev); any other prefix
