@@ -19,7 +19,9 @@
 #      cluster and A's devices, whose socket nobody answers, fences nodeB with blkfencectl device
 #      (PREEMPT of B's key, the key blkfenced registered); B's key gone, B's write refused; the
 #      agent's on as B's fencer would run it (local_node=nodeB, B's devices) registers B again;
-#   6. the same with fence_scsi (no daemons: its registrations are its own, key_value=hash):
+#   6. with `compare` only (lab.fence_compare, label lab-full: about two more minutes under TCG,
+#      spent measuring fence_scsi, not testing blkfence), the same with fence_scsi (no daemons:
+#      its registrations are its own, key_value=hash):
 #      B registered with `fence_scsi -o on`, then A; `stonith_admin --fence nodeB` through a
 #      fence_scsi resource on A's paths; B's key gone from every LU; B unfenced as in 4.
 # fence_scsi always sends PREEMPT AND ABORT, which deadlocks LIO over tcm_loop on Linux 6.1
@@ -27,11 +29,13 @@
 # blkfenced's resource does here (preempt = "preempt"): the same commands otherwise, one process
 # per LU and command. No timing is asserted; the times are printed, and kept in
 # $BLKFENCE_LAB_OUT/pacemaker-times.
-#   usage: fence.sh FIRST_LU COUNT    e.g. fence.sh 16 16
+#   usage: fence.sh FIRST_LU COUNT [compare]    e.g. fence.sh 16 16
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
 . "$BLKFENCE_LAB_REPO/tests/lab/daemon/lib.sh"
-first=${1:?usage: fence.sh FIRST_LU COUNT} count=${2:?usage: fence.sh FIRST_LU COUNT}
+usage="usage: fence.sh FIRST_LU COUNT [compare]"
+first=${1:?$usage} count=${2:?$usage} compare=${3:-}
+[[ -z $compare || $compare == compare ]] || { echo "fence.sh: '$compare'? $usage" >&2; exit 2; }
 lus=$(seq "$first" $((first + count - 1)) | tr '\n' ' ')
 agent_src=$BLKFENCE_LAB_REPO/integrations/pacemaker/fence_blkfence
 pcmk=/tmp/pcmk
@@ -274,6 +278,12 @@ lab_expect "the device-mode resource is deleted" timeout 30 cibadmin -D -o resou
 lab_expect "the fencer drops it" await_registered blkfence-dev no
 
 # --- 6. the same with fence_scsi -------------------------------------------------------------------
+if [[ $compare != compare ]]; then
+  lab_log "times (seconds, exit status):"
+  column -t -s $'\t' "$times"
+  lab_done
+  exit
+fi
 cat >"$pcmk/sg_persist" <<'WRAPPER'
 #!/bin/bash
 # fence_scsi's sg_persist in the lab: PREEMPT (-P) where fence_scsi asks PREEMPT AND ABORT (-A),
