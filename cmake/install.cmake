@@ -56,7 +56,8 @@ install(FILES udev/69-blkfence.rules DESTINATION ${BLKFENCE_UDEV_RULES_DIR})
 # by systemd-sysusers, and by the Debian package's postinst.
 install(FILES systemd/blkfence.sysusers DESTINATION ${BLKFENCE_SYSUSERS_DIR} RENAME blkfence.conf)
 
-install(FILES docs/man/blkfenced.8 docs/man/blkfencectl.8 DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
+install(FILES docs/man/blkfenced.8 docs/man/blkfencectl.8 docs/man/fence_blkfence.8
+        DESTINATION ${CMAKE_INSTALL_MANDIR}/man8)
 install(FILES docs/man/blkfence.toml.5 DESTINATION ${CMAKE_INSTALL_MANDIR}/man5)
 
 # Examples an administrator copies and edits: the drop-in goes to

@@ -1004,6 +1004,67 @@ void check_s2_continuous(const Run& run, std::vector<Violation>& violations) {
 // its Acquired event reports: a member's promote opens no gate), and (c) holds as it is. The strict
 // order always applies: the promotes' tokens, in the order of their verify reads, have strictly
 // increasing epochs, so no two gates ever open as the primary's with one epoch.
+// The keys a PR IN's parameter data shows, read from the bytes as the target sent them (SPC-4
+// 6.16): READ KEYS lists them after the 8-byte header, READ RESERVATION shows the holder's there,
+// READ FULL STATUS one per descriptor (24 bytes and its additional length).
+std::vector<std::uint64_t> keys_shown(const Command& read) {
+  const std::vector<std::uint8_t>& data = read.data_in;
+  const auto be = [&](std::size_t at, std::size_t bytes) {
+    std::uint64_t value = 0;
+    for (std::size_t i = 0; i < bytes; ++i) {
+      value = value << 8 | data[at + i];
+    }
+    return value;
+  };
+  std::vector<std::uint64_t> keys;
+  if (!read.is_prin() || data.size() < 8) {
+    return keys;
+  }
+  const std::size_t end = std::min<std::size_t>(data.size(), 8 + be(4, 4));
+  const auto action = static_cast<codec::PrInAction>(read.action);
+  if (action == codec::PrInAction::kReadKeys || action == codec::PrInAction::kReadReservation) {
+    for (std::size_t at = 8; at + 8 <= end; at += 8) {
+      keys.push_back(be(at, 8));
+      if (action == codec::PrInAction::kReadReservation) {
+        break;  // the key, then scope, type and obsolete bytes
+      }
+    }
+  } else if (action == codec::PrInAction::kReadFullStatus) {
+    for (std::size_t at = 8; at + 24 <= end; at += 24 + be(at + 20, 4)) {
+      keys.push_back(be(at, 8));
+    }
+  }
+  return keys;
+}
+
+// S3's documented gap (docs/protocol.md, "S3"): a target that forgot its PR state (a power cycle
+// without APTPL) forgets the newest epoch with it, and a node that never saw that epoch may draw
+// it again. Whether that explains `later` (an acquisition, its gate opened on the verify read at
+// `verified`) drawing no higher than one verified at `earlier`: a forgotten power cycle between
+// the two, and none of the node's reads until its acquired event (of any boot: its epoch file
+// outlives them) showed a key of the cluster with its epoch or above, but its own new key.
+bool forgotten_unseen(const Run& run, Time earlier, Time verified, const Entry& later) {
+  const bool forgotten = std::any_of(
+      run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
+        return record.service_action == transport::kPowerCycleRecord && record.at > earlier &&
+               record.at < verified;
+      });
+  if (!forgotten || !later.key) {
+    return false;
+  }
+  const std::uint32_t epoch = epoch_of_key(*later.key);
+  return std::none_of(run.commands.begin(), run.commands.end(), [&](const Command& read) {
+    if (read.node != later.node || !read.completed || read.completed_at > later.at) {
+      return false;
+    }
+    const std::vector<std::uint64_t> keys = keys_shown(read);
+    return std::any_of(keys.begin(), keys.end(), [&](std::uint64_t key) {
+      return key != *later.key && cluster_of_key(key) == run.cluster_id &&
+             epoch_of_key(key) >= epoch;
+    });
+  });
+}
+
 void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
               std::vector<Violation>& violations) {
   if (shared(run) && !primary(run)) {
@@ -1134,19 +1195,22 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
   // the monitor closes it), have increasing epochs.
   std::stable_sort(by_verify.begin(), by_verify.end(),
                    [](const auto& x, const auto& y) { return std::get<0>(x) < std::get<0>(y); });
-  std::optional<std::pair<std::uint32_t, const Entry*>> latest;
+  // The highest epoch verified so far: when its verify read was, the epoch, the acquisition.
+  std::optional<std::tuple<Time, std::uint32_t, const Entry*>> latest;
   for (const auto& [verified, epoch, entry] : by_verify) {
-    if (latest && epoch <= latest->first) {
+    if (latest && epoch <= std::get<1>(*latest) &&
+        !forgotten_unseen(run, std::get<0>(*latest), verified, *entry)) {
       violations.push_back({"S3",
                             std::string(primary(run) ? "a promote's token"
                                                      : "(strict) a fresh "
                                                        "acquisition") +
                                 " with epoch " + std::to_string(epoch) +
-                                " verified after one with epoch " + std::to_string(latest->first),
-                            {describe(*latest->second), describe(*entry)}});
+                                " verified after one with epoch " +
+                                std::to_string(std::get<1>(*latest)),
+                            {describe(*std::get<2>(*latest)), describe(*entry)}});
     }
-    if (!latest || epoch > latest->first) {
-      latest = {epoch, entry};
+    if (!latest || epoch > std::get<1>(*latest)) {
+      latest = {verified, epoch, entry};
     }
   }
 

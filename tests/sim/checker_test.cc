@@ -1607,6 +1607,35 @@ TEST(CheckerS3, WithoutStrictEpochsADecreaseAfterAClearIsNoViolation) {
   EXPECT_TRUE(fires(h, {}));
 }
 
+// Strict: node 1 acquires epoch 3; the LU loses power without APTPL at 50 ms and forgets its key;
+// node 2, which read the LU at 20 ms only when `saw` (its key of epoch 3 there), acquires epoch 3
+// at 100 ms. A node that never saw the forgotten epoch can draw it again, the gap S3 states for
+// such targets (docs/protocol.md, "S3"); one that saw it must draw above it.
+History acquisition_after_a_forgetful_power_cycle(bool saw) {
+  History h = two_nodes(1);
+  h.run().strict_epochs = true;
+  acquire(h, 1, 10ms, key_of(1, 3));
+  if (saw) {
+    h.read(2, 20ms);
+  }
+  h.power_cycle(50ms, 0);
+  fenced(h, 1, 60ms);
+  acquire(h, 2, 100ms, key_of(2, 3));
+  return h;
+}
+
+TEST(CheckerS3, AnEpochForgottenByAPowerCycleAndNeverSeenMayBeDrawnAgain) {
+  History h = acquisition_after_a_forgetful_power_cycle(false);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+TEST(CheckerS3, AnEpochForgottenByAPowerCycleButSeenBeforeMustNotBeDrawnAgain) {
+  History h = acquisition_after_a_forgetful_power_cycle(true);
+  EXPECT_TRUE(fires(h, {"S3"},
+                    "(strict) a fresh acquisition with epoch 3 verified after one "
+                    "with epoch 3"));
+}
+
 // Node 1 acquires epoch 1, its daemon restarts and adopts its key (holder and sole registrant,
 // docs/protocol.md, start): the second Acquired event is not a fresh acquisition, so even
 // --strict-epochs does not count its epoch twice.

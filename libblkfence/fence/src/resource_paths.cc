@@ -112,7 +112,11 @@ void Resource::register_new_paths(Time now) {
                // closed the gate but leaves the state held: it waits for us.
                const bool still = state_ == State::kHeld || state_ == State::kUnfenced;
                if (!still || !key_current(reads, key)) {
-                 // The monitor's next round, now, decides what happened to the key.
+                 // A read that shows our key lost is a fence, declared here as the monitor would
+                 // (the gate closes now); otherwise the monitor's next round, now, decides.
+                 if (still && gate_open_) {
+                   fenced_if_lost(reads, at);
+                 }
                  next_check_ = at;
                  keys_next_ = true;
                  end(fail(ErrorCode::kLost, "new paths not registered: " + key.to_string() +
@@ -194,7 +198,13 @@ void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, 
           return;
         }
         // Preempted between our read and the REGISTER: the new paths now carry a key that is no
-        // longer current. Take them back; the monitor's next round, now, declares the fence.
+        // longer current, and the target lets our writers through them until they are taken
+        // back. So the fence is declared on this read, closing the gate now, not at the monitor's
+        // next round after the unregister (a slow one kept it open; tests/sim found it). Then the
+        // new paths are taken back.
+        if ((state_ == State::kHeld || state_ == State::kUnfenced) && gate_open_) {
+          fenced_if_lost(reads, at);
+        }
         std::vector<pr::Request> requests;
         for (const auto& [lu, path] : paths) {
           const pr::LogicalUnit one{

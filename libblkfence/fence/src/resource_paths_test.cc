@@ -118,8 +118,11 @@ TEST_F(ResourceTest, ANewPathAfterAFenceIsNotRegistered) {
       << changed->second.detail;
 }
 
-// Preempted between the read and the REGISTER of a new path: the read afterwards sees it, the new
-// path's registration is taken back, and the monitor declares the fence at once.
+// Preempted between the read and the REGISTER of a new path: the read afterwards sees it and the
+// fence is declared on that read, the gate closing at once: the new path carries the preempted key,
+// so the target lets the writer through it until it is taken back. Then the registration is taken
+// back; here that unregister takes a check interval to get through, and the gate must not stay
+// open for it.
 TEST_F(ResourceTest, ANewPathRegisteredJustAfterAPreemptIsTakenBack) {
   a->boot(a->options());
   const Key key_a = acquired(*a);
@@ -129,6 +132,11 @@ TEST_F(ResourceTest, ANewPathRegisteredJustAfterAPreemptIsTakenBack) {
   // B preempts A the moment A's REGISTER of the new path is on the wire.
   bool preempted = false;
   a->faults = [&](const FaultContext& c) {
+    if (c.nexus == nexus && c.command.cdb[0] == 0x5f && preempted) {
+      Fault late;  // the unregister
+      late.request_delay = kCheckInterval;
+      return late;
+    }
     if (c.nexus == nexus && c.command.cdb[0] == 0x5f && !preempted) {
       preempted = true;
       const Key key_b = key_of(kNodeB, key_a.epoch() + 1);
@@ -143,8 +151,10 @@ TEST_F(ResourceTest, ANewPathRegisteredJustAfterAPreemptIsTakenBack) {
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
   paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
   a->resource->update_paths(0, paths, now());
-  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
   ASSERT_TRUE(preempted);
+  EXPECT_EQ(a->resource->state(), State::kFenced);
+  EXPECT_TRUE(a->resource->busy()) << "the gate stayed open until the new path was taken back";
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
   EXPECT_FALSE(a->resource->gate_open());
   const auto keys = keys_on(0);
