@@ -21,6 +21,7 @@
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
 . "$BLKFENCE_LAB_REPO/tests/lab/daemon/lib.sh"
+. "$BLKFENCE_LAB_REPO/tests/lab/systemd/lib.sh"
 
 # MESSAGE_ID of an acquire (daemon/log.h; docs/operations.md, "Read the state").
 msg_acquired=5c0a3b5e4f8d4e5b9a1e6c2d7f0b9a11
@@ -29,24 +30,6 @@ epoch_file=/var/lib/blkfence/db.epoch
 before=$BLKFENCE_LAB_OUT/before-reboot
 lus=()
 for ((lu = 0; lu < LAB_LUNS; lu++)); do lus+=("$lu"); done
-
-sbin=/usr/local/sbin
-[[ -n ${BLKFENCE_LAB_DEB:-} ]] && sbin=/usr/sbin
-ctl=$sbin/blkfencectl
-a_ctl() { "$ctl" "$@"; }
-b_ctl() { BLKFENCE_SOCKET=/run/blkfence-b/control.sock "$ctl" "$@"; }
-sd_prop() { systemctl show -P "$2" "$1"; }
-
-# a_field FIELD / b_field FIELD: a field of resource db's status on A / B.
-status_field() {
-  python3 -c '
-import json, sys
-status = json.load(sys.stdin)["resources"][0]
-value = status.get(sys.argv[1])
-print("null" if value is None else (str(value).lower() if isinstance(value, bool) else value))' "$1"
-}
-a_field() { a_ctl status db --json | status_field "$1"; }
-b_field() { b_ctl status db --json | status_field "$1"; }
 
 # config NODE_ID [TOP-LEVEL LINES]: resource db on every LU, by node A's or B's own sg paths.
 config() {
@@ -73,7 +56,7 @@ TOML
 await_a_state() {
   local until=$((SECONDS + 10)) got=""
   while ((SECONDS < until)); do
-    got=$(a_field state) && [[ $got == "$1" ]] && return 0
+    got=$(a_field db state) && [[ $got == "$1" ]] && return 0
     sleep 0.2
   done
   echo "A's state is '$got', not '$1'"
@@ -109,7 +92,7 @@ boot_1() {
   lab_expect "systemctl start blkfenced" systemctl start blkfenced.service
   lab_expect "A acquires db" a_ctl acquire db --timeout 30s
   local key epoch state
-  key=$(a_field key) epoch=$(a_field epoch)
+  key=$(a_field db key) epoch=$(a_field db epoch)
   lab_expect "A's status names its key ('$key')" lab_is_key "$key"
   lab_log "A holds with $key (epoch $epoch)"
   lab_expect_read "A's key holds every LU, alone, with APTPL active (PTPL_A 1)" "$key | $key | 1 " lu_state
@@ -153,9 +136,9 @@ boot_2() {
     test "${entered:-0}" -gt 0 -a "${entered:-0}" -lt "$started_us"
   lab_expect_read "$epoch_file is what it was before the reboot" "$state" cat "$epoch_file"
   lab_expect_read "LIO kept A's registration and reservation on every LU (APTPL)" "$key | $key | 1 " lu_state
-  lab_expect_key "A adopted its key" "$key" a_field key
-  lab_expect_read "... with the same epoch" "$epoch" a_field epoch
-  lab_expect_read "... and holds" "held" a_field state
+  lab_expect_key "A adopted its key" "$key" a_field db key
+  lab_expect_read "... with the same epoch" "$epoch" a_field db epoch
+  lab_expect_read "... and holds" "held" a_field db state
   lab_expect_read "... without an acquire in this boot: its one acquired record is the adoption" \
     "db: acquired: our key $key is the holder and only registrant on every LU: adopted" acquired_this_boot
   lab_expect "A's gate is open" a_ctl gate check db
@@ -167,7 +150,7 @@ run_dir = "/run/blkfence-b"' >/etc/blkfence/node-b.toml
     "$sbin/blkfenced" --config /etc/blkfence/node-b.toml
   lab_expect "B acquires db (preempts A)" b_ctl acquire db --timeout 30s
   local key_b epoch_b
-  key_b=$(b_field key) epoch_b=$(b_field epoch)
+  key_b=$(b_field db key) epoch_b=$(b_field db epoch)
   lab_log "B holds with $key_b (epoch $epoch_b)"
   lab_expect_read "B's key holds every LU, alone" "$key_b | $key_b | 1 " lu_state
   # S3: above A's epoch and above both epochs the file held before the reboot.
