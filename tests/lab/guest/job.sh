@@ -53,6 +53,7 @@ lab_job_topology() {
 lab_job_env() {
   export BLKFENCE_LAB_MAP=$lab_out/map.tsv BLKFENCE_LAB_MAP_JSON=$lab_out/map.json
   export BLKFENCE_LAB_OUT=$lab_out BLKFENCE_LAB_FABRIC=$LAB_FABRIC BLKFENCE_LAB_REPO=$LAB_REPO
+  export BLKFENCE_LAB_BOOT=${LAB_BOOT:-1}
   cd "$LAB_REPO" || lab_job_fail "no $LAB_REPO in the guest"
 }
 

@@ -33,6 +33,26 @@ lab_systemd_masked=(systemd-udev-trigger.service open-iscsi.service iscsid.servi
 # lab_systemd_unit NAME: writes the unit NAME from stdin into the overlay's unit directory.
 lab_systemd_unit() { cat >"$lab_systemd_units/$1"; }
 
+# lab_systemd_rebooted: this is a boot after a reboot of the guest (tests/lab/run --reboots): its
+# disk holds what the last boot installed, enabled and wrote.
+lab_systemd_rebooted() { ((${LAB_BOOT:-1} > 1)); }
+
+# lab_systemd_multi_user_masks: the units the host's root enables for multi-user.target, but for
+# blkfence's own and the system bus, and timers.target: what a boot after a reboot masks so that
+# multi-user.target, its goal as a node's, starts the units the guest enabled (blkfenced.service)
+# and none of the host's services (PostgreSQL, etcd, corosync, gettys, daily timers).
+lab_systemd_multi_user_masks() {
+  local link
+  echo timers.target
+  for link in /etc/systemd/system/multi-user.target.wants/* /lib/systemd/system/multi-user.target.wants/*; do
+    [[ -e $link || -L $link ]] || continue
+    case ${link##*/} in
+      blkfenced.service | dbus.service) ;;
+      *) echo "${link##*/}" ;;
+    esac
+  done
+}
+
 lab_systemd_boot() {
   local step=$LAB_REPO/tests/lab/guest/systemd-step unit
   # The host may be a container: systemd would take the guest for one too (/.dockerenv, found in
@@ -41,7 +61,18 @@ lab_systemd_boot() {
   # A fresh /tmp, unless the repository lives there (as stage2 does).
   [[ $LAB_REPO/ == /tmp/* ]] || mount -t tmpfs -o mode=1777 tmpfs /tmp || return 1
   mkdir -p "$lab_systemd_units" || return 1
-  for unit in "${lab_systemd_masked[@]}"; do
+  local -a masked=("${lab_systemd_masked[@]}")
+  # After a reboot the goal also wants multi-user.target, and the test runs once it is reached: what
+  # the guest enabled before the reboot has started by itself, as on a node.
+  # (No process substitution here: this runs before anything made /dev/fd.)
+  local multi_user="" more
+  if lab_systemd_rebooted; then
+    multi_user=multi-user.target
+    more=$(lab_systemd_multi_user_masks) || return 1
+    # shellcheck disable=SC2206 # unit names, one a line, without blanks
+    masked+=($more)
+  fi
+  for unit in "${masked[@]}"; do
     ln -sf /dev/null "$lab_systemd_units/$unit" || return 1
   done
   lab_systemd_unit blkfence-lab.target <<UNIT || return 1
@@ -49,15 +80,19 @@ lab_systemd_boot() {
 Description=blkfence lab job
 Requires=blkfence-lab-test.service
 After=blkfence-lab-test.service
+${multi_user:+Wants=$multi_user}
 UNIT
   # Without the default dependencies the topology is built while sysinit.target comes up; its
   # devices are named by udev later (the install step triggers udev).
+  # The LUs are there before blkfenced starts, as a node's SAN paths are (blkfenced orders itself
+  # after the iSCSI login units): ordering only, for a boot that starts blkfenced by itself.
   lab_systemd_unit blkfence-lab-topology.service <<UNIT || return 1
 [Unit]
 Description=blkfence lab: the LIO topology and the map
 DefaultDependencies=no
 Wants=sys-kernel-config.mount
 After=systemd-journald.socket sys-kernel-config.mount
+Before=blkfenced.service
 [Service]
 Type=oneshot
 RemainAfterExit=yes
@@ -78,7 +113,7 @@ UNIT
 [Unit]
 Description=blkfence lab: the test command
 Requires=blkfence-lab-install.service dbus.socket
-After=blkfence-lab-install.service dbus.socket
+After=blkfence-lab-install.service dbus.socket $multi_user
 [Service]
 Type=oneshot
 ExecStart=$step test
@@ -95,6 +130,10 @@ UNIT
 # service manager, tmpfiles and udev take the new files in, and udev names the LUs.
 lab_systemd_install() {
   local deb=${BLKFENCE_LAB_DEB:-}
+  if lab_systemd_rebooted; then
+    echo "lab: boot $LAB_BOOT: blkfence is installed on the guest's disk since boot 1"
+    return 0
+  fi
   if [[ -d $deb ]]; then
     local debs=("$deb"/blkfence_*.deb)
     if ((${#debs[@]} != 1)) || [[ ! -f ${debs[0]} ]]; then

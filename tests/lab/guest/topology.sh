@@ -36,9 +36,15 @@ lab_load_modules() {
 
 # LIO answers REGISTER with NOT READY when it cannot write its PR metadata file, although the
 # registration took effect (docs/design.md §7): the directory must exist before the first PR OUT.
+# With a disk (LAB_DISK=1, tests/lab/run --reboots) the LU files live on it and a boot after a
+# reboot finds them, and LIO's PR metadata, where the last boot left them: the backstores are
+# created again from the same files with the same serials (so the same WWNs), and their APTPL
+# state is restored before any LU is exported (lab_restore_aptpl).
 lab_create_backstores() {
   mkdir -p /var/target/pr "$lab_lu_dir" || return 1
-  mount -t tmpfs -o size=90% tmpfs "$lab_lu_dir" || return 1
+  if [[ ${LAB_DISK:-0} != 1 ]]; then
+    mount -t tmpfs -o size=90% tmpfs "$lab_lu_dir" || return 1
+  fi
   local i dev
   local -a files=()
   for ((i = 0; i < LAB_LUNS; i++)); do files+=("$lab_lu_dir/lu$i.img"); done
@@ -48,11 +54,32 @@ lab_create_backstores() {
     mkdir -p "$dev" &&
       echo "fd_dev_name=$lab_lu_dir/lu$i.img,fd_dev_size=$((LAB_LUN_SIZE_MB << 20))" >"$dev/control" &&
       echo 1 >"$dev/enable" &&
-      echo "$(lab_lu_serial "$i")" >"$dev/wwn/vpd_unit_serial" || {
+      echo "$(lab_lu_serial "$i")" >"$dev/wwn/vpd_unit_serial" &&
+      lab_restore_aptpl "$dev" "$(lab_lu_serial "$i")" || {
       echo "creating backstore lu$i failed"
       return 1
     }
   done
+}
+
+# lab_restore_aptpl DEV_DIR SERIAL: the registrations (and the reservation) that LIO saved for a
+# LU whose last REGISTER set APTPL, given back to it after a reboot. LIO writes them to
+# /var/target/pr/aptpl_SERIAL but never reads that file: the restore of a saved target
+# configuration (targetcli's) does, one registration at a time, its key=value lines joined by
+# commas, into pr/res_aptpl_metadata, before the LU is exported (LIO refuses it afterwards). No
+# file: nothing to restore.
+lab_restore_aptpl() {
+  local file=/var/target/pr/aptpl_$2 line registration=""
+  [[ -f $file ]] || return 0
+  while IFS= read -r line; do
+    case $line in
+      PR_REG_START:*) registration="" ;;
+      PR_REG_END:*)
+        echo "${registration#,}" >"$1/pr/res_aptpl_metadata" || { echo "restoring $file failed"; return 1; }
+        echo "restored a registration of $2 from $file" ;;
+      ?*=*) registration+=",$line" ;;
+    esac
+  done <"$file"
 }
 
 # One loopback target per node: its own SCSI host, its own I_T nexus to every LU.

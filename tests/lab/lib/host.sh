@@ -97,7 +97,9 @@ lab_module_order() {
           if (missing != "") { print "missing modules:" missing > "/dev/stderr"; exit 1 } }' "$dep"
 }
 
-# The initramfs: static busybox, the stage-1 init, and the virtio/9p/overlay modules in load order.
+# The initramfs: static busybox, the stage-1 init, and the virtio/9p/overlay modules in load order;
+# and, loaded only for a boot with a disk (tests/lab/run --reboots), virtio_blk and ext4 with
+# crc32c, which ext4 asks the crypto API for (no modprobe in stage 1 to load it on demand).
 # Sets lab_initrd. Rebuilt when the kernel or the init script changes.
 lab_build_initramfs() {
   local init=$lab_repo/tests/lab/guest/init
@@ -112,15 +114,31 @@ lab_build_initramfs() {
   cp "$init" "$dir/init" && chmod 755 "$dir/init"
   local order
   order=$(lab_module_order virtio_pci 9pnet_virtio 9p overlay) || lab_die "module dependencies not found in $lab_kroot"
+  local disk_order
+  disk_order=$(lab_module_order crc32c_generic virtio_blk ext4 | grep -vxF -f <(echo "$order")) ||
+    lab_die "disk module dependencies not found in $lab_kroot"
   local mod
   for mod in $order; do
     cp "$lab_kroot/lib/modules/$lab_kver/$mod" "$dir/modules/"
     basename "$mod" >>"$dir/modules/order"
   done
+  for mod in $disk_order; do
+    cp "$lab_kroot/lib/modules/$lab_kver/$mod" "$dir/modules/"
+    basename "$mod" >>"$dir/modules/order.disk"
+  done
   (cd "$dir" && find . | cpio -o -H newc --quiet | gzip -1 >"$lab_initrd.tmp") ||
     lab_die "building the initramfs failed (in $dir)"
   mv "$lab_initrd.tmp" "$lab_initrd"
   rm -rf "$dir"
+}
+
+# lab_make_disk OUT_DIR: the guest's disk for a boot that reboots (tests/lab/run --reboots): a
+# sparse ext4 image, OUT_DIR/disk.img, on which stage 1 puts the overlay's writable layer. Created
+# on the host, so the guest's stage 1 needs no mkfs.
+lab_make_disk() {
+  local image=$1/disk.img
+  truncate -s 2G "$image" && mkfs.ext4 -q -F -L blkfence-lab "$image" ||
+    lab_die "creating the guest's disk $image failed (mkfs.ext4 is in e2fsprogs)"
 }
 
 # lab_accel: kvm when /dev/kvm is there and the lab's kernel actually boots on it, else tcg;
@@ -167,6 +185,9 @@ lab_boot() {
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
     -virtfs "local,path=$out,mount_tag=labout,security_model=none,multidevs=remap"
   )
+  if [[ -f $out/disk.img ]]; then
+    qemu+=(-drive "file=$out/disk.img,if=virtio,format=raw,cache=writeback")
+  fi
   lab_say "booting $lab_kver ($accel) with job $out/job.env"
   if [[ $interactive == 1 ]]; then
     "${qemu[@]}"
