@@ -1,7 +1,7 @@
 # Helpers of the lab checks on a node booted by systemd (tests/lab/systemd/node.sh, reboot.sh):
 # the installed blkfencectl for node A (the installed unit's socket) and node B (a transient unit's),
-# systemd's view of a unit, the journal, and the fields of a resource's status. Sourced after
-# tests/lab/lib/guest.sh.
+# systemd's view of a unit, the journal, the fields of a resource's status, and the configuration of
+# resource db. Sourced after tests/lab/lib/guest.sh.
 
 # The installed product: the Debian package puts it under /usr, `cmake --install` under the
 # build's prefix (/usr/local); the unit's ExecStart= names it either way.
@@ -71,3 +71,26 @@ print("null" if value is None else (str(value).lower() if isinstance(value, bool
 a_field() { a_ctl status "$1" --json | status_field "$2"; }
 b_field() { b_ctl status "$1" --json | status_field "$2"; }
 
+# config NODE_ID ON_FENCED [TOP-LEVEL LINES]: resource db on the LUs of the script's array lus, by
+# node A's or B's own sg paths (in one guest a WWN resolves to both nodes' paths).
+config() {
+  local id=$1 on_fenced=$2 extra=${3:-} node=A devices="" lu units=""
+  ((id == 2)) && node=B
+  for lu in "${lus[@]}"; do devices+="\"$(lab_dev "$node" "$lu" sg)\", "; done
+  [[ $on_fenced == *-units ]] && units='units = ["lab-writer.service"]'
+  cat <<TOML
+cluster = "lab"
+node_id = $id
+$extra
+
+[[resource]]
+name = "db"
+devices = [${devices%, }]
+preempt = "preempt"
+check_interval = "500ms"
+lease = "3s"
+command_timeout = "2s"
+on_fenced = "$on_fenced"
+$units
+TOML
+}

@@ -95,29 +95,6 @@ journal_await_count() {
 # journal_has UNIT TEXT: UNIT's journal holds TEXT (polled for 10 s).
 journal_has() { journal_await "" "$1" "$2"; }
 
-# config NODE_ID ON_FENCED [TOP-LEVEL LINES]: a configuration naming node A's or B's own paths.
-config() {
-  local id=$1 on_fenced=$2 extra=${3:-} node=A devices="" lu units=""
-  ((id == 2)) && node=B
-  for lu in "${lus[@]}"; do devices+="\"$(lab_dev "$node" "$lu" sg)\", "; done
-  [[ $on_fenced == *-units ]] && units='units = ["lab-writer.service"]'
-  cat <<TOML
-cluster = "lab"
-node_id = $id
-$extra
-
-[[resource]]
-name = "db"
-devices = [${devices%, }]
-preempt = "preempt"
-check_interval = "500ms"
-lease = "3s"
-command_timeout = "2s"
-on_fenced = "$on_fenced"
-$units
-TOML
-}
-
 # bf_until SECONDS COMMAND...: waits until COMMAND succeeds, for SECONDS at most.
 bf_until() {
   local until=$((SECONDS + $1))

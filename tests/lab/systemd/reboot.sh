@@ -31,27 +31,6 @@ before=$BLKFENCE_LAB_OUT/before-reboot
 lus=()
 for ((lu = 0; lu < LAB_LUNS; lu++)); do lus+=("$lu"); done
 
-# config NODE_ID [TOP-LEVEL LINES]: resource db on every LU, by node A's or B's own sg paths.
-config() {
-  local id=$1 extra=${2:-} node=A devices="" lu
-  ((id == 2)) && node=B
-  for lu in "${lus[@]}"; do devices+="\"$(lab_dev "$node" "$lu" sg)\", "; done
-  cat <<TOML
-cluster = "lab"
-node_id = $id
-$extra
-
-[[resource]]
-name = "db"
-devices = [${devices%, }]
-preempt = "preempt"
-check_interval = "500ms"
-lease = "3s"
-command_timeout = "2s"
-on_fenced = "none"
-TOML
-}
-
 # await_a_state STATE: waits (10 s) until A's resource db is in STATE.
 await_a_state() {
   local until=$((SECONDS + 10)) got=""
@@ -86,7 +65,7 @@ boot_1() {
   lab_log "boot 1: installed $(sd_prop blkfenced FragmentPath), blkfencectl $ctl"
   lab_expect "bf_clear: the LUs start without keys" bf_clear "${lus[@]}"
   mkdir -p /etc/blkfence "$before"
-  config 1 >/etc/blkfence/blkfence.toml
+  config 1 none >/etc/blkfence/blkfence.toml
   lab_expect "systemctl enable blkfenced (the operator's step once the configuration is written)" \
     systemctl enable blkfenced.service
   lab_expect "systemctl start blkfenced" systemctl start blkfenced.service
@@ -143,7 +122,7 @@ boot_2() {
     "db: acquired: our key $key is the holder and only registrant on every LU: adopted" acquired_this_boot
   lab_expect "A's gate is open" a_ctl gate check db
 
-  config 2 'state_dir = "/var/lib/blkfence-b"
+  config 2 none 'state_dir = "/var/lib/blkfence-b"
 run_dir = "/run/blkfence-b"' >/etc/blkfence/node-b.toml
   lab_expect "B starts (systemd-run, Type=notify)" systemd-run --unit=blkfenced-b --property=Type=notify \
     --property=NotifyAccess=main --property=RuntimeDirectory=blkfence-b --property=StateDirectory=blkfence-b \
