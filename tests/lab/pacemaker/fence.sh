@@ -211,27 +211,27 @@ pacemaker_start() {
   echo $! >"$pcmk/$1/pacemakerd.pid"
 }
 
-# await_quorate NODE: until NODE's corosync says it is quorate (60 s at most). Every client call
+# await_quorate NODE: until NODE's corosync says it is quorate (120 s at most). Every client call
 # is bounded (timeout): a client of a daemon still starting may wait for ever.
 await_quorate() {
-  local try quorum=""
-  for ((try = 0; try < 120; try++)); do
+  local end=$((SECONDS + 120)) quorum=""
+  while ((SECONDS < end)); do
     # corosync-quorumtool exits 0 even when it cannot reach corosync yet: read what it says.
     quorum=$(on_node "$1" timeout 5 corosync-quorumtool -s 2>&1)
     [[ $quorum == *"Quorate:"*"Yes"* ]] && return 0
     sleep 0.5
   done
-  echo "node$1's corosync is not quorate after 60 s: $quorum"
+  echo "node$1's corosync is not quorate after 120 s: $quorum"
   return 1
 }
-# await_cib NODE: until NODE's CIB answers (60 s at most).
+# await_cib NODE: until NODE's CIB answers (120 s at most).
 await_cib() {
-  local try
-  for ((try = 0; try < 120; try++)); do
+  local end=$((SECONDS + 120))
+  while ((SECONDS < end)); do
     on_node "$1" timeout 5 cibadmin -Q >/dev/null 2>&1 && return 0
     sleep 0.5
   done
-  echo "node$1's CIB does not answer after 60 s:"
+  echo "node$1's CIB does not answer after 120 s:"
   tail -5 "$pcmk/$1/log/pacemaker.log"
   return 1
 }
@@ -284,11 +284,11 @@ stonith_registered() {
     { echo "node$1: stonith_admin --list-registered failed: $list" >&2; return 1; }
   [[ $list == *"$2"* ]] && echo yes || echo no
 }
-# await_registered NODE DEVICE yes|no: until NODE's fencer has (or no longer has) DEVICE; 60 s at
-# most.
+# await_registered NODE DEVICE yes|no: until NODE's fencer has (or no longer has) DEVICE; 120 s
+# at most.
 await_registered() {
-  local try got
-  for ((try = 0; try < 600; try++)); do
+  local end=$((SECONDS + 120)) got
+  while ((SECONDS < end)); do
     got=$(stonith_registered "$1" "$2") && [[ $got == "$3" ]] && return 0
     sleep 0.1
   done
@@ -332,8 +332,8 @@ list_targets() {
 
 # await_keys WANT: until the keys on the LUs are WANT (bf_keys_everywhere); 120 s at most.
 await_keys() {
-  local try got
-  for ((try = 0; try < 240; try++)); do
+  local end=$((SECONDS + 120)) got
+  while ((SECONDS < end)); do
     got=$(bf_keys_everywhere $lus 2>&1) && [[ $got == "$1" ]] && return 0
     sleep 0.5
   done
