@@ -21,11 +21,11 @@
 #   3. `stonith_admin --fence nodeB` on nodeA succeeds (it runs on nodeA, the fencer's history
 #      says); B's key is on none of the LUs (read by sg_persist), A's on every one; B's write is
 #      refused by the target; B's daemon reports fenced. nodeB's controller, told that nodeB was
-#      fenced, exits ("We were allegedly just fenced") and its pacemakerd stops the stack: the
-#      check awaits that, then stops nodeB's corosync, as nodeB's reboot would.
+#      fenced, exits ("We were allegedly just fenced"), and its pacemakerd stops nodeB's whole
+#      stack, corosync included (fence-reaction=stop): the check awaits both.
 #      `stonith_admin --fence nodeA` (nodeA alone in the cluster now): Pacemaker runs the agent
 #      on nodeA, which refuses; it fails and A's key stays;
-#   4. nodeB's stack starts again and rejoins; B stays fenced (the device has no
+#   4. nodeB's stack starts again, as after a reboot, and rejoins; B stays fenced (the device has no
 #      provides=unfencing yet); `stonith_admin --unfence nodeB` on nodeA succeeds: nodeB's fencer
 #      runs the agent's on (on_target), B's key is on every LU again and B writes. Then automatic
 #      unfencing: the device gets the meta attribute provides=unfencing, nodeB is fenced again
@@ -408,7 +408,7 @@ lab_expect "validate-all through nodeA's fencer (stonith_admin --validate) passe
 lab_expect_read "Pacemaker learns the targets from the agent's list" "nodeA nodeB" list_targets blkfence
 
 # --- 3. fence nodeB --------------------------------------------------------------------------------
-b_pacemakerd=$(cat "$pcmk/B/pacemakerd.pid")
+b_pacemakerd=$(cat "$pcmk/B/pacemakerd.pid") b_corosync=$(cat "$pcmk/B/corosync.pid")
 fence_timed "fence_blkfence: stonith_admin --fence nodeB ($count LUs)" on_node A stonith_admin --fence nodeB --timeout 120
 lab_expect_eq "stonith_admin --fence nodeB (on nodeA) succeeds" "$?" 0
 lab_expect_read "B's key is on none of the $count LUs, A's on every one (sg_persist)" "$key_a " bf_keys_everywhere $lus
@@ -416,10 +416,11 @@ b_dev=$(lab_dev B "$first")
 lab_expect_eq "B's write is refused by the target" "$(lab_write "$b_dev" 100 "B after the fence")" "Invalid exchange"
 lab_expect "B's daemon reports fenced" bf_await B shared state fenced
 lab_expect "the fence ran on nodeA (the fencer's history)" history_has A "delegate=nodeA"
-# Told that it was fenced, a node's controller exits, and pacemakerd stops the node's stack with it.
+# Told that it was fenced, a node's controller exits, and pacemakerd stops the node's stack with it,
+# corosync included.
 lab_expect "nodeB's Pacemaker, told that nodeB was fenced, stops itself" await_gone "$b_pacemakerd" 120
 lab_expect "nodeB's log says why" grep -q "We were allegedly just fenced" "$pcmk/B/log/pacemaker.log"
-lab_expect "nodeB's corosync stops (nodeB goes down as a reboot would take it)" node_stop B
+lab_expect "nodeB's corosync stops with it" await_gone "$b_corosync" 60
 # nodeB is out of the cluster: only nodeA's fencer can run the device, on nodeA itself.
 fence_timed "fence_blkfence: stonith_admin --fence nodeA (this node)" on_node A stonith_admin --fence nodeA --timeout 30
 lab_expect "stonith_admin --fence nodeA (this node) fails" test "$?" -ne 0
@@ -427,7 +428,7 @@ lab_expect_read "A's key is still on every LU (nothing fenced A)" "$key_a " bf_k
 
 # --- 4. unfence nodeB: by stonith_admin, then by the cluster itself ---------------------------------
 start=$EPOCHREALTIME
-lab_expect "nodeB's stack starts again (nodeB rejoins)" node_start B
+lab_expect "nodeB's stack starts again (nodeB rejoins, as after a reboot)" node_start B
 lab_expect "nodeB's fencer registers the device" await_registered B blkfence yes
 record "nodeB's restart to its fencer having the device" "$start"
 lab_expect_read "B is still fenced: without provides=unfencing nothing unfences it" "$key_a " bf_keys_everywhere $lus
@@ -441,13 +442,13 @@ lab_expect "the unfencing ran on nodeB (the fencer's history)" history_has A "un
 # device there, which it does whenever the node joins after a fence (the fence wiped its history).
 lab_expect "the device gets provides=unfencing" on_node A timeout 30 crm_resource --resource blkfence \
   --meta --set-parameter provides --parameter-value unfencing
-b_pacemakerd=$(cat "$pcmk/B/pacemakerd.pid")
+b_pacemakerd=$(cat "$pcmk/B/pacemakerd.pid") b_corosync=$(cat "$pcmk/B/corosync.pid")
 fence_timed "fence_blkfence: stonith_admin --fence nodeB, provides=unfencing ($count LUs)" \
   on_node A stonith_admin --fence nodeB --timeout 120
 lab_expect_eq "stonith_admin --fence nodeB succeeds again" "$?" 0
 lab_expect_read "B's key is on none of the LUs again" "$key_a " bf_keys_everywhere $lus
 lab_expect "nodeB's Pacemaker stops itself again" await_gone "$b_pacemakerd" 120
-lab_expect "nodeB's corosync stops" node_stop B
+lab_expect "nodeB's corosync stops with it" await_gone "$b_corosync" 60
 start=$EPOCHREALTIME
 lab_expect "nodeB's stack starts again" node_start B
 lab_expect "the cluster unfences nodeB as it joins: A's and B's keys on every LU" await_keys "$(printf '%s\n' "$key_a" "$key_b" | sort | tr '\n' ' ')"
