@@ -164,6 +164,33 @@ TEST_F(ResourceTest, ANewPathRegisteredJustAfterAPreemptIsTakenBack) {
   a->faults = nullptr;
 }
 
+// Preempted before the read that starts a new path's registration: nothing is registered, and the
+// fence is declared on that read, as a monitor's round would declare it, not left to the next one.
+TEST_F(ResourceTest, ANewPathsFirstReadThatShowsAPreemptDeclaresTheFence) {
+  a->boot(a->options());
+  const Key key_a = acquired(*a);
+  const std::string device = "/dev/sg-n1-0-new";
+  target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
+  const Key key_b = key_of(kNodeB, key_a.epoch() + 1);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    register_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu), key_b.value());
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_preempt(key_b.value(), key_a.value(), kWeRo));
+  }
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  const std::size_t before = sent.size();
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  EXPECT_EQ(a->resource->state(), State::kFenced)
+      << "the read showed the fence, nobody declared it";
+  EXPECT_FALSE(a->resource->gate_open());
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) {
+    return s.opcode == 0x5f;
+  })) << "a PR OUT went out after the read showed the fence";
+}
+
 // S4: when the read after registering a new path fails, what the REGISTER did is unknown (and a
 // path that came back may be the very nexus that holds the reservation), so nothing is taken back:
 // no unregister is sent, the registration ends failed as indeterminate, and the monitor reads at
