@@ -6,14 +6,14 @@
 # process group are frozen (SIGSTOP); the replica takes the leader lock, runs pre_promote and
 # promotes; the client carries on. Then the old postmaster alone is resumed and the stale session
 # commits a row carrying a marker.
-#   fence:   pre_promote is blkfence's hook. The stale commit must not be acknowledged, the marker
-#            must be on no LU (the LUs' backing files, read below the target), and the kernel logs
-#            a reservation conflict on node A's nexus to its LU.
+#   fence:   pre_promote is blkfence's hook. First B's path to LU 0 is taken offline during the
+#            freeze: B wins the leader lock, its pre_promote cannot fence and fails, and B must
+#            stay in recovery on its timeline; once the path is back, B promotes by itself. The
+#            stale commit must not be acknowledged, the marker must be on no LU (the LUs' backing
+#            files, read below the target), and the kernel logs a reservation conflict on node A's
+#            nexus to its LU.
 #   control: pre_promote is /bin/true. The stale commit IS acknowledged and its marker IS on A's
 #            LU: the harness sees what the fence prevents.
-#            Before that, B's path to LU 0 is taken offline during the freeze: B wins the leader
-#            lock, its pre_promote cannot fence and fails, and B must stay in recovery on its
-#            timeline; once the path is back, B promotes by itself.
 # Both: the replica promotes; every id the client recorded is on the final primary.
 # With "rejoin" (fence only), the old primary then comes back as a replica by the documented
 # procedure (integrations/patroni/README.md) and B's writes reach it. Under TCG that costs about

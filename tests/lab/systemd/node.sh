@@ -28,6 +28,7 @@
 #      cleanly, and no PR OUT reaches the LU after it (its PR generation unchanged once the host
 #      runs again and the held commands are done); systemd removes /run/blkfence; the epoch file
 #      stays.
+# lab.systemd runs it in the first boot of tests/lab/systemd/reboot.sh, before that script's own checks.
 #   usage: node.sh
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
@@ -323,4 +324,8 @@ lab_expect "the epoch file stays in /var/lib/blkfence" test -s /var/lib/blkfence
 lab_log "journal of A:"
 journalctl -u blkfenced -o short-monotonic --no-pager | tail -n 40
 systemctl stop blkfenced-b.service
+# The node as installed again for what runs next in this boot (lab.systemd: reboot.sh): the lab's
+# writer unit and watchdog drop-in go; systemd forgets them at its next reload (an enable does one).
+rm -rf /etc/systemd/system/lab-writer.service /etc/systemd/system/lab-writer.service.d \
+  /run/systemd/system/blkfenced.service.d/lab-watchdog.conf
 lab_done

@@ -5,7 +5,10 @@
 # is an ext4 disk image; the topology step of the second boot creates the backstores again from the
 # same files with the same serials and gives LIO back the PR state it saved for APTPL.
 # The runner runs this script once per boot ($BLKFENCE_LAB_BOOT).
-#   boot 1: node A's installed blkfenced.service, enabled, acquires resource db on every LU; its
+#   boot 1: first the scripts FIRST... name (lab.systemd: node.sh, whose checks need a node booted
+#           by systemd but no reboot; sharing the boot spares a boot, the topology and the install),
+#           each in its own bash, its checks printed as it runs them; one that fails fails the boot.
+#           Then node A's installed blkfenced.service, enabled, acquires resource db on every LU; its
 #           REGISTERs carried APTPL (PTPL_A on every LU); then a real `systemctl reboot` (the
 #           daemon stops as at any shutdown: gates close, the key keeps the LUs);
 #   boot 2: the LUs are the same (the map: WWNs, serials, sg nodes), LIO kept A's registration and
@@ -17,7 +20,7 @@
 # With /var/lib/blkfence on a tmpfs in boot 1 (the state not persisted), A does not adopt after
 # the reboot (B's epoch still grows: the LUs show A's); with LIO's /var/target/pr on a tmpfs as
 # well, B draws A's epoch again, and the S3 check fails.
-#   usage: reboot.sh
+#   usage: reboot.sh [FIRST...]   (FIRST: a script's path in the repository)
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
 . "$BLKFENCE_LAB_REPO/tests/lab/daemon/lib.sh"
@@ -62,6 +65,15 @@ await_reboot() {
 }
 
 boot_1() {
+  local first
+  for first in "$@"; do
+    lab_log "boot 1: $first first"
+    if bash "$BLKFENCE_LAB_REPO/$first"; then
+      lab_ok "$first: every check above passed"
+    else
+      lab_not_ok "$first: failed (its 'not ok' lines above)"
+    fi
+  done
   lab_log "boot 1: installed $(sd_prop blkfenced FragmentPath), blkfencectl $ctl"
   lab_expect "bf_clear: the LUs start without keys" bf_clear "${lus[@]}"
   mkdir -p /etc/blkfence "$before"
@@ -143,7 +155,7 @@ run_dir = "/run/blkfence-b"' >/etc/blkfence/node-b.toml
 }
 
 case ${BLKFENCE_LAB_BOOT:-1} in
-  1) boot_1 ;;
+  1) boot_1 "$@" ;;
   2) boot_2 ;;
   *) echo "reboot.sh: boot ${BLKFENCE_LAB_BOOT} was not expected" && exit 1 ;;
 esac
