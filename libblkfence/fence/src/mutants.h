@@ -7,6 +7,9 @@
 // product every switch is false and the hook is discarded at compile time. A reader of the
 // protocol can skip those lines. Each is caught by the property named here (tests/sim/README.md
 // gives the seed).
+// The switches are not inline: namespace-scope constexpr gives each translation unit its own copy
+// (internal linkage), as a mutant library mixes objects built with its switch on (the sources that
+// test it) and the product's objects built with it off.
 #pragma once
 
 namespace blkfence::fence::mutant {
@@ -14,91 +17,91 @@ namespace blkfence::fence::mutant {
 // S2: an acquire opens the gate without the verify read: the simulation and the lab see a writer
 // whose key is not the holder, or not the only registrant.
 #ifdef BLKFENCE_MUTANT_SKIP_VERIFY
-inline constexpr bool kSkipVerify = true;
+constexpr bool kSkipVerify = true;
 #else
-inline constexpr bool kSkipVerify = false;
+constexpr bool kSkipVerify = false;
 #endif
 
 // After a fence, the node "heals itself": it registers its old key again on every path and reopens
 // the gate (S5, and with it S1). Resource::mutant_reregister in resource_mutants.cc.
 #ifdef BLKFENCE_MUTANT_REREGISTER
-inline constexpr bool kReregister = true;
+constexpr bool kReregister = true;
 #else
-inline constexpr bool kReregister = false;
+constexpr bool kReregister = false;
 #endif
 
 // A release in exclusive mode drops the reservation (RELEASE, then the key unregistered) instead of
 // leaving it with the key: every nexus may write again, a node preempted a moment ago included
 // (S1). Resource::mutant_release in resource_mutants.cc.
 #ifdef BLKFENCE_MUTANT_RELEASE_DROPS
-inline constexpr bool kReleaseDrops = true;
+constexpr bool kReleaseDrops = true;
 #else
-inline constexpr bool kReleaseDrops = false;
+constexpr bool kReleaseDrops = false;
 #endif
 
 // The monitor never closes the gate when the lease runs out without a good check (S2): a node that
 // cannot see its LUs keeps its writer running.
 #ifdef BLKFENCE_MUTANT_NO_LEASE
-inline constexpr bool kNoLease = true;
+constexpr bool kNoLease = true;
 #else
-inline constexpr bool kNoLease = false;
+constexpr bool kNoLease = false;
 #endif
 
 // An acquire reuses the highest epoch it saw instead of drawing one above it (S3).
 #ifdef BLKFENCE_MUTANT_NO_EPOCH_BUMP
-inline constexpr bool kNoEpochBump = true;
+constexpr bool kNoEpochBump = true;
 #else
-inline constexpr bool kNoEpochBump = false;
+constexpr bool kNoEpochBump = false;
 #endif
 
 // A failed acquire unregisters its key everywhere at once, without reading first what its failed or
 // timed-out commands did (S4): a PREEMPT of it that executed made it the holder, and unregistering
 // the holder drops the reservation. Resource::mutant_unregister_unread in resource_mutants.cc.
 #ifdef BLKFENCE_MUTANT_NO_REREAD
-inline constexpr bool kNoReread = true;
+constexpr bool kNoReread = true;
 #else
-inline constexpr bool kNoReread = false;
+constexpr bool kNoReread = false;
 #endif
 
 // In shared mode the monitor ignores a round that shows our key removed (another member fenced
 // us): the gate stays open and the lease runs on (S2).
 #ifdef BLKFENCE_MUTANT_SHARED_IGNORES_FENCE
-inline constexpr bool kSharedIgnoresFence = true;
+constexpr bool kSharedIgnoresFence = true;
 #else
-inline constexpr bool kSharedIgnoresFence = false;
+constexpr bool kSharedIgnoresFence = false;
 #endif
 
 // Primary mode: a promote takes the LUs even after cancel() (its caller went away): a pre_promote
 // that the cluster manager killed may still preempt a newer primary (C1).
 #ifdef BLKFENCE_MUTANT_PROMOTE_IGNORES_CANCEL
-inline constexpr bool kPromoteIgnoresCancel = true;
+constexpr bool kPromoteIgnoresCancel = true;
 #else
-inline constexpr bool kPromoteIgnoresCancel = false;
+constexpr bool kPromoteIgnoresCancel = false;
 #endif
 
 // Primary mode: a promote reuses the highest epoch it saw instead of drawing one above it: two
 // primaries' tokens carry one epoch, or a newer one a lower (S3).
 #ifdef BLKFENCE_MUTANT_PROMOTE_NO_EPOCH_BUMP
-inline constexpr bool kPromoteNoEpochBump = true;
+constexpr bool kPromoteNoEpochBump = true;
 #else
-inline constexpr bool kPromoteNoEpochBump = false;
+constexpr bool kPromoteNoEpochBump = false;
 #endif
 
 // Primary mode: a promote opens the primary's gate whatever its verify read showed (another holder,
 // none, our key gone): a primary whose key does not hold every LU (S2).
 #ifdef BLKFENCE_MUTANT_PROMOTE_SKIPS_VERIFY
-inline constexpr bool kPromoteSkipsVerify = true;
+constexpr bool kPromoteSkipsVerify = true;
 #else
-inline constexpr bool kPromoteSkipsVerify = false;
+constexpr bool kPromoteSkipsVerify = false;
 #endif
 
 // The holder's monitor leaves alone the keys of its cluster that outrank its own, as it once did
 // (R1): a node that died between its REGISTERs and its take keeps a registration, and so write
 // access, beside the holder until the next acquire.
 #ifdef BLKFENCE_MUTANT_STRAYS_ABOVE_LEFT
-inline constexpr bool kStraysAboveLeft = true;
+constexpr bool kStraysAboveLeft = true;
 #else
-inline constexpr bool kStraysAboveLeft = false;
+constexpr bool kStraysAboveLeft = false;
 #endif
 
 }  // namespace blkfence::fence::mutant
