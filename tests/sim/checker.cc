@@ -1041,8 +1041,11 @@ std::vector<std::uint64_t> keys_shown(const Command& read) {
 // without APTPL) forgets the newest epoch with it, and a node that never saw that epoch may draw
 // it again. Whether that explains `later` (an acquisition, its gate opened on the verify read at
 // `verified`) drawing no higher than one verified at `earlier`: a forgotten power cycle between
-// the two, and none of the node's reads until its acquired event (of any boot: its epoch file
-// outlives them) showed a key of the cluster with its epoch or above, but its own new key.
+// the two, and none of the node's reads before it drew (of any boot: its epoch file outlives
+// them) showed a key of the cluster with its epoch or above. The draw comes before the first
+// command of the acquisition (from the driver's call that began it) carrying the new key: a
+// racer's key that a read shows after that (the acquire's reads between REGISTER and verify)
+// could not have raised the draw.
 bool forgotten_unseen(const Run& run, Time earlier, Time verified, const Entry& later) {
   const bool forgotten = std::any_of(
       run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
@@ -1053,8 +1056,22 @@ bool forgotten_unseen(const Run& run, Time earlier, Time verified, const Entry& 
     return false;
   }
   const std::uint32_t epoch = epoch_of_key(*later.key);
+  Time called{0};
+  for (const Entry& entry : run.trace) {
+    if (entry.node == later.node && entry.kind == EntryKind::kAcquireCalled &&
+        entry.at <= later.at) {
+      called = entry.at;
+    }
+  }
+  Time drawn = later.at;
+  for (const Command& command : run.commands) {
+    if (command.node == later.node && command.is_prout() && command.submitted >= called &&
+        (command.key == *later.key || command.sa_key == *later.key)) {
+      drawn = std::min(drawn, command.submitted);
+    }
+  }
   return std::none_of(run.commands.begin(), run.commands.end(), [&](const Command& read) {
-    if (read.node != later.node || !read.completed || read.completed_at > later.at) {
+    if (read.node != later.node || !read.completed || read.completed_at > drawn) {
       return false;
     }
     const std::vector<std::uint64_t> keys = keys_shown(read);

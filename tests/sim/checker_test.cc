@@ -1636,6 +1636,43 @@ TEST(CheckerS3, AnEpochForgottenByAPowerCycleButSeenBeforeMustNotBeDrawnAgain) {
                     "with epoch 3"));
 }
 
+// Strict: as above, node 2 never having seen node 1's epoch 3, but node 1 races node 2's acquire
+// with a new key of epoch 4: its REGISTER lands before node 2's first read (`before_the_draw`:
+// node 2 must draw above 4, and its epoch 3 is a violation) or after node 2's REGISTER (node 2
+// drew 3 from what it knew, its later reads show 4, and it preempts the racer's unopened key: the
+// documented gap, no violation).
+History racer_seen_after_a_forgetful_power_cycle(bool before_the_draw) {
+  History h = two_nodes(1);
+  h.run().strict_epochs = true;
+  acquire(h, 1, 10ms, key_of(1, 3));
+  h.power_cycle(50ms, 0);
+  fenced(h, 1, 60ms);
+  if (before_the_draw) {
+    begin_acquire(h, 1, 95ms, key_of(1, 4));
+    begin_acquire(h, 2, 100ms, key_of(2, 3));
+  } else {
+    begin_acquire(h, 2, 100ms, key_of(2, 3));
+    begin_acquire(h, 1, 103ms, key_of(1, 4));
+  }
+  h.read(2, 106ms);
+  take(h, 2, 107ms, key_of(2, 3));
+  finish_acquire(h, 2, 108ms);
+  fail_acquire(h, 1, 112ms);
+  return h;
+}
+
+TEST(CheckerS3, ARacersHigherEpochSeenOnlyAfterTheDrawDoesNotCount) {
+  History h = racer_seen_after_a_forgetful_power_cycle(false);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+TEST(CheckerS3, ARacersHigherEpochSeenBeforeTheDrawMustBeExceeded) {
+  History h = racer_seen_after_a_forgetful_power_cycle(true);
+  EXPECT_TRUE(fires(h, {"S3"},
+                    "(strict) a fresh acquisition with epoch 3 verified after one "
+                    "with epoch 3"));
+}
+
 // Node 1 acquires epoch 1, its daemon restarts and adopts its key (holder and sole registrant,
 // docs/protocol.md, start): the second Acquired event is not a fresh acquisition, so even
 // --strict-epochs does not count its epoch twice.
