@@ -42,18 +42,20 @@ void Resource::acquire(Time now, Done done) {
     return;
   }
   after_monitor_prouts(now, [this, before](Time monitor_done) {
-    with_capabilities(monitor_done, [this, before](Time from) {
-      read_all(true, from, [this, before](Reads reads, Time at) {
-        if (!reads.ok()) {
-          set_state(before == State::kFenced ? State::kFenced : State::kReleased,
-                    "acquire failed: " + reads.errors(options_.lus));
-          end(fail(ErrorCode::kIndeterminate,
-                   "acquire of " + options_.name +
-                       ": cannot read the LUs: " + reads.errors(options_.lus)),
-              at);
-          return;
-        }
-        acquire_draw(std::move(reads), 0, at);
+    after_registers_settle(monitor_done, [this, before](Time settled) {
+      with_capabilities(settled, [this, before](Time from) {
+        read_all(true, from, [this, before](Reads reads, Time at) {
+          if (!reads.ok()) {
+            set_state(before == State::kFenced ? State::kFenced : State::kReleased,
+                      "acquire failed: " + reads.errors(options_.lus));
+            end(fail(ErrorCode::kIndeterminate,
+                     "acquire of " + options_.name +
+                         ": cannot read the LUs: " + reads.errors(options_.lus)),
+                at);
+            return;
+          }
+          acquire_draw(std::move(reads), 0, at);
+        });
       });
     });
   });
@@ -99,6 +101,7 @@ void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
   run(std::move(requests), now,
       [this, key, round, reads = std::move(reads)](const std::vector<pr::Response>& responses,
                                                    Time at) mutable {
+        note_late_registers(responses, at);
         if (const std::string error = first_error(responses); !error.empty()) {
           acquire_failed(key, "register: " + error, at);
           return;

@@ -506,6 +506,47 @@ TEST_F(ResourceTest, AFailedAcquireNeverUnregistersWhereItsReleasedKeyHolds) {
   EXPECT_FALSE(a->resource->gate_open());
 }
 
+// A's first acquire's REGISTER AND IGNORE EXISTING KEY on LU 1's second path reaches the target
+// only after its timeout (the acquire fails), and A acquires again at once. Should that late
+// REGISTER execute after the second acquire's verify read, it would move the nexus back to the
+// first key behind the read's back, with the gate open (S2). The second acquire starts its read
+// only once the transport has the late command back, so its own REGISTER comes after it and every
+// registration of A carries the new key. (Simulation seed 520094538176: a cancelled acquire and a
+// new one 190 ms later; primary mode's promote already waited so.)
+TEST_F(ResourceTest, AnAcquireWaitsUntilAnEarlierTimedOutRegisterCanNoLongerExecute) {
+  a->boot(a->options());
+  auto delayed = std::make_shared<bool>(false);
+  a->faults = [delayed](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+    if (!*delayed && c.lu == 1 && c.nexus % 10 == 1 && c.command.cdb[0] == 0x5f &&
+        action == static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey)) {
+      fault.request_delay = kCommandTimeout + milliseconds(200);
+      *delayed = true;
+    }
+    return fault;
+  };
+  Outcome* first = a->acquire();
+  ASSERT_TRUE(run_until([&] { return first->done(); }));
+  ASSERT_FALSE(first->result->has_value());
+  const Key second = acquired(*a);
+  ASSERT_TRUE(a->resource->gate_open());
+  run_for(kCommandTimeout + kCheckInterval);  // past the late REGISTER, whenever it ran
+  const auto records = prouts_of(kNodeA);
+  const auto late = std::find_if(records.begin(), records.end(), [&](const auto& record) {
+    return record.lu == 1 && record.nexus % 10 == 1 && record.sa_key != second.value() &&
+           record.service_action ==
+               static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+  });
+  ASSERT_NE(late, records.end()) << "the first acquire's REGISTER executed";
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    for (const std::uint64_t key : keys_on(lu)) {
+      EXPECT_EQ(key, second.value())
+          << "LU " << lu << " has " << Key::format(key) << " beside the holder, with A's gate open";
+    }
+  }
+}
+
 // A verify read that comes back a lease after it was issued does not open the gate (it would open
 // with its lease over); the acquire reads again, and gives up when every round is that slow.
 TEST_F(ResourceTest, AVerifyOlderThanTheLeaseOpensNoGate) {

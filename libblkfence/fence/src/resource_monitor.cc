@@ -64,10 +64,11 @@ std::optional<Time> Resource::next_wake() const {
 
 // A command of ours that timed out may still execute at the target until the kernel gives it back
 // (answered, or aborted by the midlayer's error handling). The waits for that moment (a failed
-// acquire's leftover key, primary mode's next unfence or promote) run to the fixed horizon,
-// late_execution_horizon(), only where the transport cannot tell; where it can, they end at the
-// first look (an operation's start, a monitor round, or every check_interval while an unfence or
-// promote waits) after it holds nothing it reported indeterminate (Transport::unreturned()).
+// acquire's leftover key, the next acquire, unfence or promote after a REGISTER that timed out) run
+// to the fixed horizon, late_execution_horizon(), only where the transport cannot tell; where it
+// can, they end at the first look (an operation's start, a monitor round, or every check_interval
+// while an operation waits) after it holds nothing it reported indeterminate
+// (Transport::unreturned()).
 void Resource::end_waits_for_returned_commands(Time now) {
   if (settling_ && settle_look_ <= now) {
     settle_look_ = now + options_.check_interval;
@@ -399,14 +400,16 @@ void Resource::after_monitor_prouts(Time now, std::function<void(Time)> step) {
   waiting_ = std::move(step);
 }
 
-// Primary mode draws a new key for every unfence and promote. A REGISTER of an earlier one that
-// timed out may still execute after the next one registered its key, and move a nexus back to the
-// older key after the verify read showed the new one (S2). So the next one starts its reads only
-// once such a command can no longer execute. (Shared mode's members register one key, epoch 0,
-// every time: a late REGISTER of it changes nothing.)
+// Exclusive mode draws a new key for every acquire, primary mode for every unfence and promote. A
+// REGISTER AND IGNORE EXISTING KEY of an earlier key that timed out (an acquire's, a new path's, a
+// promote's) may still execute after the next one registered its key, and move a nexus back to
+// the older key after the verify read showed the new one (S2). So the next one starts its reads
+// only once such a command can no longer execute. (Shared mode's members register one key, epoch
+// 0, every time: a late REGISTER of it changes nothing.)
 void Resource::after_registers_settle(Time now, std::function<void(Time)> step) {
   end_waits_for_returned_commands(now);
-  if (!options_.primary || !registers_settle_ || *registers_settle_ <= now) {
+  const bool member_keys = options_.mode == Mode::kShared && !options_.primary;
+  if (member_keys || !registers_settle_ || *registers_settle_ <= now) {
     registers_settle_.reset();
     step(now);
     return;

@@ -141,6 +141,7 @@ void Resource::register_new_paths(Time now) {
                run(std::move(requests), at,
                    [this, key, paths = std::move(paths)](const std::vector<pr::Response>& responses,
                                                          Time done_at) mutable {
+                     note_late_registers(responses, done_at);
                      // One request per path, in order. A path whose REGISTER was stopped by a
                      // sign of a preempt did not register: should the read show the key still
                      // current (the sign was about an older change), it is tried again, read

@@ -377,8 +377,8 @@ class Resource {
   int monitor_prouts_ = 0;            // batches of PR OUTs the monitor sent, not answered yet
   std::optional<Time> monitor_prouts_answered_;  // when the last of them was answered
   std::function<void(Time)> waiting_;            // an operation's first step, waiting for them
-  // Primary mode: until when a REGISTER of ours that timed out may still execute, and the first
-  // step of an unfence or promote waiting for that moment (after_registers_settle).
+  // Until when a REGISTER of ours that timed out may still execute, and the first step of an
+  // acquire, unfence or promote waiting for that moment (after_registers_settle).
   std::optional<Time> registers_settle_;
   std::optional<std::pair<Time, std::function<void(Time)>>> settling_;
   Time settle_look_{0};  // while settling_: when to look again whether the transport got them back
