@@ -73,6 +73,9 @@
 //     only its part (c)       CheckerS3.APreemptByALowerEpochViolates,
 //                             CheckerS3.APreemptBySameEpochAndALowerNodeIdViolates
 //     only --strict-epochs    CheckerS3.StrictEpochsRejectADecreaseAcrossAcquisitions
+//     the gap's excuse        CheckerS3.AnEpochForgottenByAPowerCycleAndNeverSeenMayBeDrawnAgain,
+//     (forgotten_unseen)      CheckerS3.ARacersHigherEpochSeenOnlyAfterTheDrawDoesNotCount,
+//                             CheckerS3.AHolderForgottenBeforeTheNodeCouldSeeItIsNoViolation
 //   check_s4                  CheckerS4.APrOutAfterATimedOutPrOutWithoutAReadViolates,
 //                             CheckerS4.APrOutAfterAReservationConflictWithoutAReadViolates,
 //                             CheckerS4.AReadSubmittedBeforeTheAnswerDoesNotCount,
@@ -1671,6 +1674,39 @@ TEST(CheckerS3, ARacersHigherEpochSeenBeforeTheDrawMustBeExceeded) {
   EXPECT_TRUE(fires(h, {"S3"},
                     "(strict) a fresh acquisition with epoch 3 verified after one "
                     "with epoch 3"));
+}
+
+// Not strict: node 2's acquire draws epoch 3 (its read shows nothing) and registers; node 1 then
+// acquires with epoch 3 too and opens its gate; with `power_cycle` the LU forgets every key at
+// 110 ms, before node 2 read it again, so node 2's take finds it empty and its verify opens the
+// gate with epoch 3: the gap S3 states (docs/protocol.md), no violation. Without the power cycle
+// node 2 takes over a holder of its own epoch, which (b) forbids.
+History holder_forgotten_during_an_acquire(bool power_cycle) {
+  History h = two_nodes(1);
+  begin_acquire(h, 2, 100ms, key_of(2, 3));
+  acquire(h, 1, 103ms, key_of(1, 3));
+  if (power_cycle) {
+    h.power_cycle(110ms, 0);
+    fenced(h, 1, 115ms);
+  }
+  // Its registration is gone either way (node 1's acquire preempted it): registered again.
+  h.prout(2, 120ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(2, 3));
+  take(h, 2, 121ms, key_of(2, 3));
+  finish_acquire(h, 2, 122ms);
+  if (!power_cycle) {
+    fenced(h, 1, 130ms);
+  }
+  return h;
+}
+
+TEST(CheckerS3, AHolderForgottenBeforeTheNodeCouldSeeItIsNoViolation) {
+  History h = holder_forgotten_during_an_acquire(true);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+TEST(CheckerS3, AHolderOfTheSameEpochKeptByTheLuMustNotBeTakenOver) {
+  History h = holder_forgotten_during_an_acquire(false);
+  EXPECT_TRUE(fires(h, {"S3"}, "node 2 acquired epoch 3 although 0x6c9d000100000003"));
 }
 
 // Node 1 acquires epoch 1, its daemon restarts and adopts its key (holder and sole registrant,
