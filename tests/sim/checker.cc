@@ -1043,10 +1043,11 @@ std::vector<std::uint64_t> keys_shown(const Command& read) {
 // `verified`) drawing no higher than one verified at `earlier`: a forgotten power cycle between
 // the two, and none of the node's reads before it drew (of any boot: its epoch file outlives
 // them) showed a key of the cluster with its epoch or above. The draw comes before the first
-// command of the acquisition (from the driver's call that began it) carrying the new key: a
-// racer's key that a read shows after that (the acquire's reads between REGISTER and verify)
-// could not have raised the draw.
-bool forgotten_unseen(const Run& run, Time earlier, Time verified, const Entry& later) {
+// command of the acquisition (from `called`, the driver's call that began it) carrying the new
+// key: a racer's key that a read shows after that (the acquire's reads between REGISTER and
+// verify) could not have raised the draw.
+bool forgotten_unseen(const Run& run, Time earlier, Time verified, Time called,
+                      const Entry& later) {
   const bool forgotten = std::any_of(
       run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
         return record.service_action == transport::kPowerCycleRecord && record.at > earlier &&
@@ -1056,13 +1057,6 @@ bool forgotten_unseen(const Run& run, Time earlier, Time verified, const Entry& 
     return false;
   }
   const std::uint32_t epoch = epoch_of_key(*later.key);
-  Time called{0};
-  for (const Entry& entry : run.trace) {
-    if (entry.node == later.node && entry.kind == EntryKind::kAcquireCalled &&
-        entry.at <= later.at) {
-      called = entry.at;
-    }
-  }
   Time drawn = later.at;
   for (const Command& command : run.commands) {
     if (command.node == later.node && command.is_prout() && command.submitted >= called &&
@@ -1144,7 +1138,8 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
   std::map<std::uint16_t, Time> window_start;
   std::map<std::uint16_t, Time> gate_verified;  // the node's last gate opening's verify read
   std::map<std::uint16_t, std::optional<std::uint64_t>> held;
-  std::vector<std::tuple<Time, std::uint32_t, const Entry*>> by_verify;
+  // Each fresh acquisition: its verify read, its epoch, its event, the start of its acquire.
+  std::vector<std::tuple<Time, std::uint32_t, const Entry*, Time>> by_verify;
   for (const Entry& entry : run.trace) {
     if (entry.kind == EntryKind::kAcquireCalled || entry.kind == EntryKind::kBoot) {
       window_start[entry.node] = entry.at;
@@ -1196,7 +1191,7 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
         }
         // S3's documented gap: the LU forgot that holder (a power cycle without APTPL) before this
         // node's reads could show it, and none of its reads before the draw showed the epoch.
-        if (forgotten_unseen(run, record ? record->at : from, until, entry)) {
+        if (forgotten_unseen(run, record ? record->at : from, until, from, entry)) {
           continue;
         }
         violations.push_back(
@@ -1209,7 +1204,7 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
       }
     }
     if (run.strict_epochs || primary(run)) {
-      by_verify.push_back({until, epoch, &entry});
+      by_verify.push_back({until, epoch, &entry, from});
     }
   }
   // --strict-epochs: acquisitions of all nodes, in the order of the verify reads that opened their
@@ -1219,9 +1214,9 @@ void check_s3(const Run& run, const Replay& replayed, const Steps& steps,
                    [](const auto& x, const auto& y) { return std::get<0>(x) < std::get<0>(y); });
   // The highest epoch verified so far: when its verify read was, the epoch, the acquisition.
   std::optional<std::tuple<Time, std::uint32_t, const Entry*>> latest;
-  for (const auto& [verified, epoch, entry] : by_verify) {
+  for (const auto& [verified, epoch, entry, called] : by_verify) {
     if (latest && epoch <= std::get<1>(*latest) &&
-        !forgotten_unseen(run, std::get<0>(*latest), verified, *entry)) {
+        !forgotten_unseen(run, std::get<0>(*latest), verified, called, *entry)) {
       violations.push_back({"S3",
                             std::string(primary(run) ? "a promote's token"
                                                      : "(strict) a fresh "
