@@ -236,6 +236,18 @@ await_cib() {
   return 1
 }
 
+# await_controller NODE: until NODE's controller answers (120 s at most). pacemakerd starts the CIB
+# first and the controller after it; crm_node and the scheduler's work need the controller.
+await_controller() {
+  local end=$((SECONDS + 120)) out=""
+  while ((SECONDS < end)); do
+    out=$(on_node "$1" timeout 5 crm_node -n 2>&1) && return 0
+    sleep 0.5
+  done
+  echo "node$1's controller does not answer after 120 s: $out"
+  return 1
+}
+
 # await_gone PID SECONDS: until the process has exited.
 await_gone() {
   local try
@@ -253,8 +265,11 @@ stop_pid() {
   return 0
 }
 
-# node_start NODE: corosync, quorate (it has seen the other node), then pacemakerd, its CIB.
-node_start() { corosync_start "$1" && await_quorate "$1" && pacemaker_start "$1" && await_cib "$1"; }
+# node_start NODE: corosync, quorate (it has seen the other node), then pacemakerd, its CIB and its
+# controller.
+node_start() {
+  corosync_start "$1" && await_quorate "$1" && pacemaker_start "$1" && await_cib "$1" && await_controller "$1"
+}
 # node_stop NODE: NODE's stack, Pacemaker first, as a shutdown stops it.
 node_stop() {
   local pid
@@ -392,6 +407,8 @@ lab_expect "pacemakerd starts on nodeA and nodeB" both pacemaker_start
 lab_expect "nodeA's CIB answers" await_cib A
 lab_expect "nodeB's CIB answers" await_cib B
 record "pacemaker start, two nodes (both CIBs answer)" "$start"
+lab_expect "nodeA's controller answers" await_controller A
+lab_expect "nodeB's controller answers" await_controller B
 lab_expect_read "nodeA's Pacemaker knows itself as nodeA" nodeA on_node A timeout 10 crm_node -n
 lab_expect_read "nodeB's Pacemaker knows itself as nodeB" nodeB on_node B timeout 10 crm_node -n
 lab_expect "stonith-enabled set" on_node A timeout 30 crm_attribute -t crm_config -n stonith-enabled -v true
