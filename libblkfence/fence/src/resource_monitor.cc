@@ -167,7 +167,7 @@ void Resource::check_held(const Reads& reads, bool has_keys, Time started, Time 
   }
   last_success_ = started;
   if (has_keys && !primary_) {
-    preempt_strays(reads, now);  // in primary mode the other keys are the members
+    preempt_strays(reads, started, now);  // in primary mode the other keys are the members
   }
   if (state_ == State::kLostContact) {
     reopen_after_lost_contact(reads, has_keys, started, now);
@@ -255,9 +255,7 @@ void Resource::check_unfenced(const Reads& reads, bool has_keys, Time started, T
   }
   last_success_ = started;
   const bool reserved = reserves.empty();
-  // S4: a RESERVE of ours that is still out, or was answered (perhaps failed) after this round was
-  // issued, is not sent again on this round's word: the next round reads what it did.
-  if (monitor_prouts_ > 0 || (monitor_prouts_answered_ && started < *monitor_prouts_answered_)) {
+  if (!round_after_monitor_prouts(started)) {
     reserves.clear();
   }
   if (state_ == State::kLostContact) {
@@ -318,7 +316,11 @@ void Resource::take_back_leftover(const Reads& reads, Time now) {
 // within stray_bound(). Two nodes' PR OUTs that meet in the target, one removing the other's
 // registration while the other re-keys, reserves, preempts or unregisters through it, can
 // deadlock LIO (docs/operations.md): the holder must not run that cycle at the monitor's rate.
-void Resource::preempt_strays(const Reads& reads, Time now) {
+void Resource::preempt_strays(const Reads& reads, Time started, Time now) {
+  if (!round_after_monitor_prouts(started)) {
+    keys_next_ = true;  // the next round reads what the last PREEMPT did
+    return;
+  }
   const Key key = *key_;
   const Time window = acquire_window(options_, engine_.policy().command_timeout);
   std::vector<pr::Request> requests;
@@ -370,6 +372,15 @@ void Resource::preempt_strays(const Reads& reads, Time now) {
   keys_next_ = true;  // see whether they went
   ++counters_.strays_preempted;
   monitor_send(std::move(requests), now);
+}
+
+// S4: a PR OUT of the monitor's that is still out, or was answered (perhaps failed) after the round
+// that began at `started` was issued, is not followed by another on that round's word: a later
+// round reads what it did. (A round whose read timed out and was sent again on another path can end
+// long after its other reads came back.)
+bool Resource::round_after_monitor_prouts(Time started) const {
+  return monitor_prouts_ == 0 &&
+         (!monitor_prouts_answered_ || started >= *monitor_prouts_answered_);
 }
 
 // The monitor's PR OUTs decide nothing (the next round reads what they did), but an operation that

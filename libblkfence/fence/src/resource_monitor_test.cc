@@ -206,6 +206,66 @@ TEST_F(ResourceTest, AStrayIsPreemptedOneCheckIntervalAfterItIsFirstSeen) {
   EXPECT_TRUE(b->resource->gate_open());
 }
 
+// Found by tests/sim (blkfence_sim --seed 56117258073, S4): the holder's PREEMPT of a stray got
+// RESERVATION CONFLICT (the stray had unregistered meanwhile), and a round issued before that
+// answer, which ended later because one of its reads timed out and was sent again, preempted the
+// stray again on its word. Here the first PREEMPT is lost (it times out), and the READ KEYS of LU 1
+// in the round issued while it is out is lost too, so that round ends after the PREEMPT's answer
+// and after the stray's back-off.
+TEST_F(ResourceTest, TheMonitorPreemptsAStrayAgainOnlyOnAReadIssuedAfterItsLastPreemptWasAnswered) {
+  // a has two paths to each LU: a read that times out is sent again on the other. Rounds come
+  // often enough that two begin while the PREEMPT is out.
+  ResourceOptions options = a->options();
+  options.check_interval = kCommandTimeout / 4;
+  a->boot(options);
+  const Key key_a = acquired(*a);
+  const std::uint64_t stray = key_of(kNodeB, key_a.epoch() - 1).value();
+  std::optional<Time> first_preempt;
+  bool read_dropped = false;
+  a->faults = [&](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<PrOutAction>(c.command.cdb[1] & 0x1fU);
+    const bool preempt = c.command.cdb[0] == 0x5f && (action == PrOutAction::kPreempt ||
+                                                      action == PrOutAction::kPreemptAndAbort);
+    const bool keys =
+        c.command.cdb[0] == 0x5e &&
+        (c.command.cdb[1] & 0x1fU) == static_cast<std::uint8_t>(codec::PrInAction::kReadKeys);
+    if (preempt && !first_preempt) {
+      first_preempt = c.now;
+      fault.drop_request = true;
+    } else if (keys && c.lu == LuId{1} && first_preempt && !read_dropped &&
+               c.now >= *first_preempt + 2 * options.check_interval &&
+               c.now < *first_preempt + kCommandTimeout) {
+      read_dropped = true;
+      fault.drop_request = true;
+    }
+    return fault;
+  };
+  const std::size_t before = sent.size();
+  register_directly(nexus_of(kNodeB, 0, 0), 0, stray);
+  const auto stray_gone = [&] {
+    const std::vector<std::uint64_t> keys = keys_on(0);
+    return std::find(keys.begin(), keys.end(), stray) == keys.end();
+  };
+  ASSERT_TRUE(run_until(stray_gone));
+  ASSERT_TRUE(first_preempt.has_value());
+  ASSERT_TRUE(read_dropped) << "no round was issued while the first PREEMPT was out";
+  const auto mine = a->sent_since(before);
+  const auto preempts = stray_preempts(mine, stray);
+  ASSERT_GE(preempts.size(), 2U);
+  for (const Sent& again : std::vector<Sent>(preempts.begin() + 1, preempts.end())) {
+    EXPECT_TRUE(std::any_of(mine.begin(), mine.end(),
+                            [&](const Sent& s) {
+                              return !s.is_prout() && s.lu == again.lu &&
+                                     s.at >= *first_preempt + kCommandTimeout && s.at < again.at;
+                            }))
+        << "PREEMPT again at " << again.at.count()
+        << " ns without a read issued after the first one was answered";
+  }
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key_a.value(), key_a.value()}));
+  EXPECT_TRUE(a->resource->gate_open());
+}
+
 // A key of the cluster that outranks the holder's, left by a node that died between its REGISTERs
 // and its take: the holder leaves it for an acquire window (a live acquire takes over or gives up
 // within it), then preempts it, well within stray_bound() of its registration, and keeps its gate.

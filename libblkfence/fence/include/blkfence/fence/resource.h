@@ -304,7 +304,8 @@ class Resource {
   void reopen_after_lost_contact(const Reads& reads, bool has_keys, Time started, Time now);
   void check_unfenced(const Reads& reads, bool has_keys, Time started, Time now);
   void take_back_leftover(const Reads& reads, Time now);
-  void preempt_strays(const Reads& reads, Time now);
+  void preempt_strays(const Reads& reads, Time started, Time now);
+  bool round_after_monitor_prouts(Time started) const;
   void monitor_send(std::vector<pr::Request> requests, Time now);
   // Runs step once no PR OUT the monitor sent is in flight (at once when none is).
   void after_monitor_prouts(Time now, std::function<void(Time)> step);
