@@ -318,7 +318,7 @@ void Resource::take_back_leftover(const Reads& reads, Time now) {
 // deadlock LIO (docs/operations.md): the holder must not run that cycle at the monitor's rate.
 void Resource::preempt_strays(const Reads& reads, Time started, Time now) {
   if (!round_after_monitor_prouts(started)) {
-    keys_next_ = true;  // the next round reads what the last PREEMPT did
+    keys_next_ = true;  // the next round reads what our last PR OUT did
     return;
   }
   const Key key = *key_;

@@ -4,7 +4,8 @@
 // a round with a failed read fences on what its other reads show; strays ranking below the
 // holder's key are preempted one check_interval after they are first seen, keys above it once an
 // acquire could no longer be running, less and less often when they keep coming back but never
-// later than stray_bound() after they appear; a
+// later than stray_bound() after they appear, and again only on a round issued after the last
+// PREEMPT was answered (S4); a
 // fenced node never registers again by itself (S5); a fence seen half before the preempt names the
 // preemptor.
 #include <gtest/gtest.h>
@@ -210,8 +211,8 @@ TEST_F(ResourceTest, AStrayIsPreemptedOneCheckIntervalAfterItIsFirstSeen) {
 // RESERVATION CONFLICT (the stray had unregistered meanwhile), and a round issued before that
 // answer, which ended later because one of its reads timed out and was sent again, preempted the
 // stray again on its word. Here the first PREEMPT is lost (it times out), and the READ KEYS of LU 1
-// in the round issued while it is out is lost too, so that round ends after the PREEMPT's answer
-// and after the stray's back-off.
+// in the second round issued while it is out is lost too, so that round ends after the PREEMPT's
+// answer and after the stray's back-off.
 TEST_F(ResourceTest, TheMonitorPreemptsAStrayAgainOnlyOnAReadIssuedAfterItsLastPreemptWasAnswered) {
   // a has two paths to each LU: a read that times out is sent again on the other. Rounds come
   // often enough that two begin while the PREEMPT is out.
