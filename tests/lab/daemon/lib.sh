@@ -12,13 +12,19 @@ BF=/tmp/bf
 
 # The daemons' logs go out with the job's results, whatever happens.
 bf_save_logs() {
-  local node
+  local node saved=()
   for node in A B; do
-    [[ -f $BF/$node/log ]] && cp "$BF/$node/log" "$BLKFENCE_LAB_OUT/blkfenced-$node.log"
+    [[ -f $BF/$node/log ]] && cp "$BF/$node/log" "$BLKFENCE_LAB_OUT/blkfenced-$node.log" &&
+      saved+=("blkfenced-$node.log")
   done
+  if ((${lab_checks_failed:-0} > 0 && ${#saved[@]} > 0)); then
+    echo "lab: the daemons' logs are in the lab's out directory: ${saved[*]}"
+  fi
   return 0
 }
 trap bf_save_logs EXIT
+# ... and when the watchdog ends the check (member.sh sources this without tests/lab/lib/guest.sh).
+declare -F lab_keep_logs >/dev/null && lab_keep_logs "$BF" blkfenced
 
 # bf_ctl NODE ARGS...: blkfencectl against NODE's daemon.
 bf_ctl() { local node=$1; shift; BLKFENCE_SOCKET=$BF/$node/run/control.sock "$BLKFENCECTL" "$@"; }

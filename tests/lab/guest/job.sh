@@ -9,11 +9,13 @@
 #   lab_job_fail       records a set-up failure for the host (setup-error) and powers off
 #
 # Everything the host reads is written to /lab/out: times, setup.log, test.log, status, watchdog,
-# dmesg.log. The power-off is sysrq o in both boots: it does not depend on the guest's services, so
-# a wedged service manager cannot keep the guest up past the runner's deadline.
+# dmesg.log, and at a deadline kept-logs/ (the daemons' logs that checks named with
+# lab_keep_logs). The power-off is sysrq o in both boots: it does not depend on the guest's
+# services, so a wedged service manager cannot keep the guest up past the runner's deadline.
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8
 lab_out=/lab/out
+lab_keep_logs_registry=/tmp/lab-keep-logs  # lab_keep_logs's registry (tests/lab/lib/guest.sh)
 # shellcheck source=/dev/null
 . "$lab_out/job.env"
 # shellcheck source=tests/lab/guest/topology.sh
@@ -49,12 +51,31 @@ lab_job_topology() {
   lab_job_mark topology
 }
 
-# The environment a test command gets (tests/lab/README.md, "The map").
+# The environment a test command gets (tests/lab/README.md, "The map"). The clone is made 0700 in
+# the guest (on the overlay; the host's tree is untouched), as a clone under /root or in a
+# `mktemp -d` directory is: every check then proves that what it runs as another user (Patroni
+# and PostgreSQL as postgres) neither starts in the clone nor runs anything from it.
 lab_job_env() {
   export BLKFENCE_LAB_MAP=$lab_out/map.tsv BLKFENCE_LAB_MAP_JSON=$lab_out/map.json
   export BLKFENCE_LAB_OUT=$lab_out BLKFENCE_LAB_FABRIC=$LAB_FABRIC BLKFENCE_LAB_REPO=$LAB_REPO
   export BLKFENCE_LAB_BOOT=${LAB_BOOT:-1}
+  chmod 0700 "$LAB_REPO" || lab_job_fail "making $LAB_REPO 0700 in the guest"
   cd "$LAB_REPO" || lab_job_fail "no $LAB_REPO in the guest"
+}
+
+# lab_job_keep_logs: the files named *.log or log under each directory a check registered with
+# lab_keep_logs (tests/lab/lib/guest.sh), copied to kept-logs/NAME/ in the results, each copy
+# bounded in time (a wedged file system must not keep the guest up). Prints what it kept.
+lab_job_keep_logs() {
+  local dir name
+  [[ -f $lab_keep_logs_registry ]] || return 0
+  while IFS=$'\t' read -r dir name; do
+    [[ -d $dir ]] || continue
+    mkdir -p "$lab_out/kept-logs/$name" &&
+      (cd "$dir" && timeout 20 find . -type f \( -name '*.log' -o -name log \) \
+        -exec cp --parents -t "$lab_out/kept-logs/$name" {} +)
+  done <"$lab_keep_logs_registry"
+  (cd "$lab_out" && find kept-logs -type f 2>/dev/null | sort | tr '\n' ' ')
 }
 
 # lab_job_run: the test command, its output in test.log and its exit status in status; a command
@@ -64,7 +85,8 @@ lab_job_run() {
   (
     sleep "$LAB_DEADLINE_S"
     {
-      echo "lab: watchdog: the test ran past its deadline of ${LAB_DEADLINE_S}s; dumping blocked tasks and powering off"
+      echo "lab: watchdog: the test ran past its deadline of ${LAB_DEADLINE_S}s; keeping the daemons' logs, dumping blocked tasks and powering off"
+      echo "lab: watchdog: the daemons' logs kept: $(lab_job_keep_logs)"
       echo w >/proc/sysrq-trigger
     } | tee -a "$lab_out/test.log" >/dev/console
     echo "$LAB_DEADLINE_S" >"$lab_out/watchdog"

@@ -95,6 +95,27 @@ lab_expect_key() {
   fi
 }
 
+# lab_require DESCRIPTION COMMAND...: lab_expect for a step that everything after it needs: a
+# failure ends the check at once (exit 1; its EXIT trap tears down and saves the logs), instead of
+# failing every later step on what this one did not build.
+lab_require() {
+  local failed_before=$lab_checks_failed
+  lab_expect "$@"
+  ((lab_checks_failed == failed_before)) && return 0
+  echo "lab: '$1' failed; the check stops here"
+  lab_done
+  exit 1
+}
+
+# lab_keep_logs DIR NAME: when the watchdog ends the test at its deadline, the files named *.log or
+# log under DIR reach the host in kept-logs/NAME/ (tests/lab/guest/job.sh) before the guest powers
+# off: a check that hangs still says why. A check saves its logs itself when it ends.
+lab_keep_logs() {
+  local line
+  line=$(printf '%s\t%s' "$1" "$2")
+  grep -qxF -- "$line" /tmp/lab-keep-logs 2>/dev/null || printf '%s\n' "$line" >>/tmp/lab-keep-logs
+}
+
 lab_done() {
   printf '%d passed, %d failed\n' "$lab_checks_passed" "$lab_checks_failed"
   ((lab_checks_failed == 0 && lab_checks_passed > 0))

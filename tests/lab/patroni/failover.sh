@@ -33,13 +33,7 @@ trap 'pgl_teardown; bf_save_logs' EXIT
 
 declare -A node_id=([A]=1 [B]=2)
 cluster_prefix=""  # the first 16 bits of every key: the hash of the daemons' cluster name
-# shellcheck disable=SC2034 # PGL_HOOK_ENV_* are read by lib.sh's pgl_patroni_start
-PGL_HOOK_ENV_A=() PGL_HOOK_ENV_B=()
-for node in A B; do
-  declare -n hook_env=PGL_HOOK_ENV_$node
-  hook_env=(BLKFENCECTL="$BLKFENCECTL" BLKFENCE_SOCKET="$BF/$node/run/control.sock")
-  unset -n hook_env
-done
+pgl_hook_env A B
 # member NODE ARGS...: blkfencectl against NODE's daemon, as NODE's hook runs it.
 member() { bf_ctl "$@"; }
 # holder_node: the node id (middle 16 bits) of the one key holding both LUs, read through B.
@@ -77,15 +71,17 @@ pre_promote=""
 [[ $mode == control ]] && pre_promote=/bin/true
 lab_expect "A's and B's patroni.yml from integrations/patroni/patroni.yml.in" \
   eval 'pgl_config A "$pre_promote" && pgl_config B "$pre_promote"'
+lab_require "the hooks and blkfencectl installed for postgres (pgl_install)" pgl_install
+lab_require "postgres reaches all that A's and B's Patroni need" eval 'pgl_check_access A && pgl_check_access B'
 
 t0=$EPOCHREALTIME
 pgl_patroni_start A
-lab_expect "A bootstraps the cluster and runs as primary" pgl_await A /primary 900
+lab_require "A bootstraps the cluster and runs as primary" pgl_await A /primary 900
 lab_log "A bootstrapped: $(pgl_ms_since "$t0") ms"
 lab_expect_read "post_bootstrap made A the holder of both LUs" "${node_id[A]}" holder_node
 t0=$EPOCHREALTIME
 pgl_patroni_start B
-lab_expect "B clones A and runs as a replica" pgl_await B /replica 900
+lab_require "B clones A and runs as a replica" pgl_await B /replica 900
 lab_log "B replica: $(pgl_ms_since "$t0") ms"
 lab_expect "the table is created on A" pgl_psql A "CREATE TABLE t (id bigint PRIMARY KEY, note text)"
 for ((try = 0; try < 150; try++)); do

@@ -27,7 +27,7 @@ case $action in
       BLKFENCE_PATRONI_URL=http://127.0.0.1:${pgl_rest_port[$node]} \
       BLKFENCE_PATRONI_STOP="$self stop $node" BLKFENCE_PATRONI_START="$self start $node" \
       BLKFENCE_REJOIN_WAIT=${PGL_REJOIN_WAIT:-120} \
-      exec "$PGL_INTEGRATION/blkfence-patroni-rejoin" pg "/lab/pg/$x"
+      exec "$PGL_LIBDIR/blkfence-patroni-rejoin" pg "/lab/pg/$x"
     ;;
   stop)
     read -r pid <"$PGL/patroni-$x.pid" || exit 1

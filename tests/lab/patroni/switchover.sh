@@ -83,14 +83,16 @@ lab_expect "A's and B's member keys, one each, on both LUs ($keys)" test -n "$cl
 lab_expect "etcd answers" pgl_etcd_start
 lab_expect "A's and B's patroni.yml from integrations/patroni/patroni.yml.in" \
   eval 'pgl_config A && pgl_config B'
+lab_require "the hooks and blkfencectl installed for postgres (pgl_install)" pgl_install
+lab_require "postgres reaches all that A's and B's Patroni need" eval 'pgl_check_access A && pgl_check_access B'
 t0=$EPOCHREALTIME
 pgl_patroni_start A
-lab_expect "A bootstraps the cluster and runs as primary" pgl_await A /primary 900
+lab_require "A bootstraps the cluster and runs as primary" pgl_await A /primary 900
 lab_log "A bootstrapped: $(pgl_ms_since "$t0") ms"
 lab_expect_read "post_bootstrap made A the holder of both LUs" "${node_id[A]}" holder_node
 t0=$EPOCHREALTIME
 pgl_patroni_start B
-lab_expect "B clones A and runs as a replica" pgl_await B /replica 900
+lab_require "B clones A and runs as a replica" pgl_await B /replica 900
 lab_log "B replica: $(pgl_ms_since "$t0") ms"
 lab_expect "the table is created on A" pgl_psql A "CREATE TABLE t (id bigint PRIMARY KEY, note text)"
 await_sql A "SELECT sync_state FROM pg_stat_replication" sync 150
