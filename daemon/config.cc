@@ -732,8 +732,9 @@ Check<ResourceConfig> read_resource(std::string_view source, const toml::table& 
 }
 
 // A device named by two resources would be reserved twice, by different keys: the second acquire
-// would fence the first resource. Only the spelling can be compared here; discovery catches a LU
-// named once by WWN and once by path.
+// would fence the first resource. Only the spelling can be compared here; the daemon compares the
+// LUs' WWNs once it has resolved the devices (shared_lu() in daemon.cc), which catches a LU named
+// once by WWN and once by path.
 std::optional<std::string> shared_device(const std::vector<ResourceConfig>& resources,
                                          const ResourceConfig& resource) {
   for (const ResourceConfig& other : resources) {

@@ -155,6 +155,20 @@ Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resou
   return lus;
 }
 
+std::optional<std::string> shared_lu(const std::vector<pr::LogicalUnit>& lus,
+                                     const std::string& other,
+                                     const std::vector<pr::LogicalUnit>& others) {
+  for (const pr::LogicalUnit& lu : lus) {
+    for (const pr::LogicalUnit& theirs : others) {
+      if (lu.wwn == theirs.wwn) {
+        return "its device \"" + lu.name + "\" is LU " + lu.wwn + ", which resource " + other +
+               " has already (as \"" + theirs.name + "\"): a LU belongs to one resource";
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 DaemonEnv system_daemon_env() {
   return {.transport = transport_for,
           .resolve =
@@ -238,6 +252,9 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env
     }
     if (!lus) {
       return tl::unexpected(lus.error());
+    }
+    if (auto shared = daemon->lu_of_another_resource(*lus)) {
+      return fail(ErrorCode::kInvalidArgument, "resource " + resource.name + ": " + *shared);
     }
     daemon->add_resource(resource, std::move(*lus));
   }
@@ -445,6 +462,18 @@ void Daemon::rescan() {
       ++it;
       continue;
     }
+    if (auto shared = lu_of_another_resource(*lus)) {
+      // Found only now (its devices were missing at start): the daemon runs on, and this resource
+      // stays out of it, saying why in status, until the configuration is fixed and blkfenced
+      // restarted.
+      std::string refused = *shared + " (fix the configuration and restart blkfenced)";
+      if (refused != it->second) {
+        log(Priority::kErr, "resource " + it->first + ": " + refused, fields_of_name(it->first));
+        it->second = std::move(refused);
+      }
+      ++it;
+      continue;
+    }
     log(Priority::kNotice, "resource " + it->first + ": its devices appeared; reading its LUs",
         fields_of_name(it->first));
     add_resource(*config, std::move(*lus));
@@ -542,6 +571,16 @@ const ResourceConfig* Daemon::config_of(const std::string& name) const {
     }
   }
   return nullptr;
+}
+
+std::optional<std::string> Daemon::lu_of_another_resource(
+    const std::vector<pr::LogicalUnit>& lus) const {
+  for (const auto& resource : resources_) {
+    if (auto shared = shared_lu(lus, resource->name(), resource->options().lus)) {
+      return shared;
+    }
+  }
+  return std::nullopt;
 }
 
 ResourceStatus Daemon::waiting_status(const std::string& name) const {

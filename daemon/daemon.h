@@ -50,6 +50,14 @@ using namespace control;
 [[nodiscard]] Result<std::vector<pr::LogicalUnit>> resolve_devices(const ResourceConfig& resource,
                                                                    const pr::DiscoveryEnv& env);
 
+// Why a resource whose devices resolved to `lus` cannot have them: a LU that resource `other`
+// already has (`others`), compared by WWN however each configuration named it; nothing when they
+// share none. Two resources on one LU would reserve it with two keys, and the second acquire would
+// fence the first resource's writer. The configuration can compare names only (config.cc).
+[[nodiscard]] std::optional<std::string> shared_lu(const std::vector<pr::LogicalUnit>& lus,
+                                                   const std::string& other,
+                                                   const std::vector<pr::LogicalUnit>& others);
+
 // What Daemon::make() takes from the system: the transport the configuration names and the LUs of
 // a resource's devices. The daemon's tests replace both to run it on a simulated target.
 struct DaemonEnv {
@@ -116,6 +124,8 @@ class Daemon final : public fence::Observer, public ControlHandler {
 
   void add_resource(const ResourceConfig& resource, std::vector<pr::LogicalUnit> lus);
   fence::Resource* find(const std::string& name);
+  // shared_lu() against every resource added so far.
+  std::optional<std::string> lu_of_another_resource(const std::vector<pr::LogicalUnit>& lus) const;
   ResourceStatus waiting_status(const std::string& name) const;
   const ResourceConfig* config_of(const std::string& name) const;
   ResourceStatus status_of(const fence::Resource& resource) const;

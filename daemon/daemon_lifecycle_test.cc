@@ -1,8 +1,10 @@
 // Proves what keeps one blkfenced per node sane across its life (daemon.cc): a second daemon on the
 // same run_dir refuses to start, names the first one's pid, and leaves the first one's control
 // socket serving; once the first is gone the run_dir is free again. A resource whose device the
-// host does not have yet waits (state unknown, gate closed) instead of stopping the start. A real
-// Daemon without resources, as in daemon_control_test.cc: no device is needed.
+// host does not have yet waits (state unknown, gate closed) instead of stopping the start. One LU
+// named by two resources, by two different names, stops the start; found only once a waiting
+// resource's devices appear, it keeps that resource out. A real Daemon without resources, as in
+// daemon_control_test.cc, or on a simulated target (sim_daemon_testing.h).
 #include <filesystem>
 #include <fstream>
 
@@ -14,6 +16,7 @@
 #include "daemon.h"
 #include "glue_testing.h"
 #include "log.h"
+#include "sim_daemon_testing.h"
 
 namespace blkfence::daemon {
 namespace {
@@ -154,6 +157,94 @@ TEST_F(DaemonLifecycleTest, ADeviceThatIsNotADeviceStillStopsTheStart) {
   auto daemon = Daemon::make(std::move(config));
   ASSERT_FALSE(daemon);
   EXPECT_EQ(daemon.error().code(), ErrorCode::kInvalidArgument) << daemon.error().message();
+}
+
+// Two names of one LU: what resolve_devices() makes of a by-id link and of the WWN it names.
+DaemonEnv one_lu_by_two_names(testing::SimDevices& devices, std::atomic<bool>* second_present) {
+  DaemonEnv env = devices.env();
+  env.resolve = [&devices, second_present](
+                    const ResourceConfig& resource) -> Result<std::vector<pr::LogicalUnit>> {
+    std::vector<pr::LogicalUnit> lus;
+    for (const std::string& device : resource.devices) {
+      if (device == "naa.6001405000000001" && second_present != nullptr && !*second_present) {
+        return tl::unexpected(Error::os(ENOENT, "resource " + resource.name + ": " + device));
+      }
+      (void)devices.lu("lu0");
+      lus.push_back({.wwn = "naa.6001405000000001",
+                     .name = device,
+                     .paths = {{.sg = "/dev/sim-lu0", .sd = {}, .hctl = {}}}});
+    }
+    return lus;
+  };
+  return env;
+}
+
+Config two_resources_on_one_lu(const TempDir& dir) {
+  Config config = config_in(dir);
+  ResourceConfig pgdata;
+  pgdata.name = "pgdata";
+  pgdata.devices = {"/dev/disk/by-id/wwn-0x6001405000000001"};
+  pgdata.on_fenced.action = OnFencedAction::kNone;
+  ResourceConfig pgwal = pgdata;
+  pgwal.name = "pgwal";
+  pgwal.devices = {"naa.6001405000000001"};
+  config.resources = {pgdata, pgwal};
+  return config;
+}
+
+// The configuration compares names only; the daemon compares the LUs they resolve to.
+TEST_F(DaemonLifecycleTest, OneLuNamedByTwoResourcesUnderTwoNamesStopsTheStart) {
+  testing::SimDevices devices;
+  auto daemon = Daemon::make(two_resources_on_one_lu(dir_), one_lu_by_two_names(devices, nullptr));
+  ASSERT_FALSE(daemon);
+  EXPECT_EQ(daemon.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(daemon.error().where(),
+            "resource pgwal: its device \"naa.6001405000000001\" is LU naa.6001405000000001, "
+            "which resource pgdata has already (as \"/dev/disk/by-id/wwn-0x6001405000000001\"): "
+            "a LU belongs to one resource");
+}
+
+// A resource that waited for its devices and then finds them to be another resource's LU stays
+// out: the daemon runs on, the first resource keeps its LU, and status says why.
+TEST_F(DaemonLifecycleTest, AWaitingResourceWhoseDevicesTurnOutToBeAnotherResourcesLuStaysOut) {
+  testing::SimDevices devices;
+  std::atomic<bool> second_present{false};
+  testing::DaemonThread daemon(two_resources_on_one_lu(dir_),
+                               one_lu_by_two_names(devices, &second_present));
+  ASSERT_EQ(daemon.error(), "");
+  second_present = true;  // found at the next look for waiting resources (Daemon::kWaitingRetry)
+
+  testing::LineClient client(dir_ / "run/control.sock");
+  // Far beyond the daemon's next look (every 5 s without a device event); a failure otherwise.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  nlohmann::json pgwal;
+  std::uint64_t id = 0;
+  for (;;) {
+    control::Request status{
+        .id = ++id, .op = control::Op::kStatus, .resource = {}, .node = {}, .timeout = {}};
+    ASSERT_TRUE(client.write(control::encode_request(status)));
+    const auto line = client.read_line(std::chrono::seconds(10));
+    ASSERT_TRUE(line) << "no reply to status";
+    const auto reply = control::parse_reply(*line);
+    ASSERT_TRUE(reply && reply->ok) << *line;
+    ASSERT_EQ(reply->body["resources"].size(), 2U) << *line;
+    pgwal = reply->body["resources"][1];
+    if (pgwal.value("detail", "").find("a LU belongs to one resource") != std::string::npos) {
+      break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "pgwal's detail never named the shared LU: " << pgwal.dump();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(pgwal["name"], "pgwal");
+  EXPECT_EQ(pgwal["state"], "unknown");
+  EXPECT_EQ(pgwal["gate_open"], false);
+  EXPECT_NE(pgwal["detail"].get<std::string>().find(
+                "its device \"naa.6001405000000001\" is LU naa.6001405000000001, which resource "
+                "pgdata has already"),
+            std::string::npos)
+      << pgwal.dump();
+  EXPECT_EQ(daemon.stop(), 0);
 }
 
 }  // namespace

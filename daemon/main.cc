@@ -74,6 +74,7 @@ int run(int argc, char** argv) {
     // The devices as this host sees them now: a name that does not resolve is an error here too.
     int status = 0;
     const auto env = blkfence::pr::system_discovery_env();
+    std::vector<std::pair<std::string, std::vector<blkfence::pr::LogicalUnit>>> resolved;
     for (const auto& resource : config->resources) {
       auto lus = resolve_devices(resource, env);
       if (!lus) {
@@ -81,6 +82,14 @@ int run(int argc, char** argv) {
         status = kExitConfig;
         continue;
       }
+      for (const auto& [other, others] : resolved) {
+        if (auto shared = shared_lu(*lus, other, others)) {
+          (void)std::fprintf(stderr, "blkfenced: resource %s: %s\n", resource.name.c_str(),
+                             shared->c_str());
+          status = kExitConfig;
+        }
+      }
+      resolved.emplace_back(resource.name, *lus);
       for (const auto& lu : *lus) {
         std::string paths;
         for (const auto& path : lu.paths) {

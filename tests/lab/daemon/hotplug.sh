@@ -8,7 +8,8 @@
 #   A is fenced: A's daemon sees it (its status lists the path) but does not register it (S5),
 #   and a write through it is refused by the target.
 # Also: blkfenced --check-config resolves the devices (exit 0), and exits 78 for one that does not
-# exist. Leaves no map, nexus, registration or udevd behind.
+# exist, and for one LU in two resources under two names (the map and the WWN), as does the start.
+# Leaves no map, nexus, registration or udevd behind.
 #   usage: hotplug.sh [LU]     (default: the last LU)
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
@@ -104,6 +105,20 @@ lab_expect_eq "--check-config resolves A's map to the LU and its path (exit 0)" 
 sed "s|^devices = .*|devices = [\"/dev/sdzz\"]|" "$BF/A/blkfence.toml" >"$BF/A/missing.toml"
 "$BLKFENCED" --config "$BF/A/missing.toml" --check-config >/dev/null 2>&1
 lab_expect_eq "--check-config with a device that does not exist exits 78" "$?" 78
+# One LU in two resources under two names (the map, and the LU's WWN): the configuration cannot
+# tell, the daemon compares WWNs once it resolved them. --check-config and the start refuse it.
+wwn=$(lab_dev A "$lu" wwn)
+{
+  cat "$BF/A/blkfence.toml"
+  printf '\n[[resource]]\nname = "db2"\ndevices = ["%s"]\non_fenced = "none"\n' "$wwn"
+} >"$BF/A/twice.toml"
+shared_lu="resource db2: its device \"$wwn\" is LU $wwn, which resource db has already (as \"/dev/mapper/$map\"): a LU belongs to one resource"
+checked=$("$BLKFENCED" --config "$BF/A/twice.toml" --check-config 2>&1)
+lab_expect_eq "--check-config with one LU in two resources exits 78" "$?" 78
+lab_expect "... naming both names of the LU ($(tail -n 1 <<<"$checked"))" grep -qxF "blkfenced: $shared_lu" <<<"$checked"
+started=$(timeout 30 "$BLKFENCED" --config "$BF/A/twice.toml" --log stderr 2>&1)
+lab_expect_eq "blkfenced refuses to start on it (exit 78)" "$?" 78
+lab_expect "... saying why ($(tail -n 1 <<<"$started"))" grep -qF "$shared_lu" <<<"$started"
 lab_expect "A's daemon starts" bf_start A
 lab_expect "B's daemon starts" bf_start B
 lab_expect "A acquires db" bf_ctl A acquire db --timeout 30s
