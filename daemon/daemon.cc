@@ -254,7 +254,8 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env
       return tl::unexpected(lus.error());
     }
     if (auto shared = daemon->lu_of_another_resource(*lus)) {
-      return fail(ErrorCode::kInvalidArgument, "resource " + resource.name + ": " + *shared);
+      return fail(ErrorCode::kInvalidArgument,
+                  "resource " + resource.name + ": " + *shared + "; name it in one resource only");
     }
     daemon->add_resource(resource, std::move(*lus));
   }
@@ -466,12 +467,11 @@ void Daemon::rescan() {
       // Found only now (its devices were missing at start): the daemon runs on, and this resource
       // stays out of it, saying why in status, until the configuration is fixed and blkfenced
       // restarted.
-      std::string refused = *shared + " (fix the configuration and restart blkfenced)";
-      if (refused != it->second) {
-        log(Priority::kErr, "resource " + it->first + ": " + refused, fields_of_name(it->first));
-        it->second = std::move(refused);
-      }
-      ++it;
+      std::string refused = *shared + "; name it in one resource only and restart blkfenced";
+      log(Priority::kErr, "resource " + it->first + " refused: " + refused,
+          fields_of_name(it->first));
+      refused_[it->first] = std::move(refused);
+      it = waiting_.erase(it);
       continue;
     }
     log(Priority::kNotice, "resource " + it->first + ": its devices appeared; reading its LUs",
@@ -551,6 +551,9 @@ void Daemon::notify_status() {
   for (const auto& [name, why] : waiting_) {
     line += (line.empty() ? "" : "; ") + name + ": waiting for its devices";
   }
+  for (const auto& [name, why] : refused_) {
+    line += (line.empty() ? "" : "; ") + name + ": refused (a LU of another resource)";
+  }
   (void)sd_notify(0, ("STATUS=" + line).c_str());
   // A waiting resource does not hold READY back: its LU may come hours later (or never), and its
   // gate is closed meanwhile, which is what units ordered after blkfenced need to know.
@@ -589,7 +592,9 @@ ResourceStatus Daemon::waiting_status(const std::string& name) const {
   const ResourceConfig* config = config_of(name);
   status.mode = std::string(to_string(config->mode));
   status.state = "unknown";
-  status.detail = "waiting for its devices: " + waiting_.at(name);
+  const auto refused = refused_.find(name);
+  status.detail = refused != refused_.end() ? "refused: " + refused->second
+                                            : "waiting for its devices: " + waiting_.at(name);
   return status;
 }
 
@@ -864,8 +869,10 @@ void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
   fence::Resource* resource = nullptr;
   if (!request.resource.empty()) {
     resource = find(request.resource);
-    if (const auto it = waiting_.find(request.resource);
-        it != waiting_.end() && request.op != Op::kStatus && request.op != Op::kWatch) {
+    const auto waiting = waiting_.find(request.resource);
+    const auto refused = refused_.find(request.resource);
+    if ((waiting != waiting_.end() || refused != refused_.end()) && request.op != Op::kStatus &&
+        request.op != Op::kWatch) {
       if (request.op == Op::kGate) {
         // Closed, like any gate without a verified key (`gate check` exits 1, not 3).
         control_->send(
@@ -877,10 +884,13 @@ void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
         return;
       }
       reply_error(client, request.id, ReplyError::kDevice,
-                  "resource " + request.resource + " waits for its devices: " + it->second);
+                  "resource " + request.resource +
+                      (refused != refused_.end() ? " is refused: " + refused->second
+                                                 : " waits for its devices: " + waiting->second));
       return;
     }
-    if (resource == nullptr && !waiting_.contains(request.resource)) {
+    if (resource == nullptr && !waiting_.contains(request.resource) &&
+        !refused_.contains(request.resource)) {
       std::string names;
       for (const auto& r : config_.resources) {
         names += (names.empty() ? "" : ", ") + r.name;
@@ -899,7 +909,7 @@ void Daemon::handle(ClientId client, const Peer& peer, const Request& request) {
       }
       if (const fence::Resource* r = find(configured.name)) {
         list.push_back(to_json(status_of(*r)));
-      } else if (waiting_.contains(configured.name)) {
+      } else if (waiting_.contains(configured.name) || refused_.contains(configured.name)) {
         list.push_back(to_json(waiting_status(configured.name)));
       }
     }

@@ -126,6 +126,7 @@ class Daemon final : public fence::Observer, public ControlHandler {
   fence::Resource* find(const std::string& name);
   // shared_lu() against every resource added so far.
   std::optional<std::string> lu_of_another_resource(const std::vector<pr::LogicalUnit>& lus) const;
+  // The status of a resource that has no fence::Resource: waiting for its devices, or refused.
   ResourceStatus waiting_status(const std::string& name) const;
   const ResourceConfig* config_of(const std::string& name) const;
   ResourceStatus status_of(const fence::Resource& resource) const;
@@ -158,6 +159,10 @@ class Daemon final : public fence::Observer, public ControlHandler {
   // Resources whose devices this host does not have yet, and why: no fence::Resource until they
   // resolve (Daemon::rescan), gate closed, state "unknown" in status.
   std::map<std::string, std::string> waiting_;
+  // Resources whose devices turned out, once they appeared, to be another resource's LU, and why
+  // (shared_lu()): out of the daemon until the configuration is fixed and blkfenced restarted,
+  // never looked for again, gate closed, state "unknown" and detail "refused: ..." in status.
+  std::map<std::string, std::string> refused_;
   // The environment's resolve (DaemonEnv), for waiting resources.
   std::function<Result<std::vector<pr::LogicalUnit>>(const ResourceConfig&)> resolve_;
   std::unique_ptr<ControlServer> control_;

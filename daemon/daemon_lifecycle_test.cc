@@ -201,7 +201,7 @@ TEST_F(DaemonLifecycleTest, OneLuNamedByTwoResourcesUnderTwoNamesStopsTheStart) 
   EXPECT_EQ(daemon.error().where(),
             "resource pgwal: its device \"naa.6001405000000001\" is LU naa.6001405000000001, "
             "which resource pgdata has already (as \"/dev/disk/by-id/wwn-0x6001405000000001\"): "
-            "a LU belongs to one resource");
+            "a LU belongs to one resource; name it in one resource only");
 }
 
 // A resource that waited for its devices and then finds them to be another resource's LU stays
@@ -239,11 +239,34 @@ TEST_F(DaemonLifecycleTest, AWaitingResourceWhoseDevicesTurnOutToBeAnotherResour
   EXPECT_EQ(pgwal["name"], "pgwal");
   EXPECT_EQ(pgwal["state"], "unknown");
   EXPECT_EQ(pgwal["gate_open"], false);
-  EXPECT_NE(pgwal["detail"].get<std::string>().find(
-                "its device \"naa.6001405000000001\" is LU naa.6001405000000001, which resource "
-                "pgdata has already"),
-            std::string::npos)
+  EXPECT_EQ(pgwal["detail"],
+            "refused: its device \"naa.6001405000000001\" is LU naa.6001405000000001, which "
+            "resource pgdata has already (as \"/dev/disk/by-id/wwn-0x6001405000000001\"): a LU "
+            "belongs to one resource; name it in one resource only and restart blkfenced")
       << pgwal.dump();
+  // pgdata keeps its LU: a resource of the daemon, its state read from the LU.
+  control::Request status{
+      .id = ++id, .op = control::Op::kStatus, .resource = "pgdata", .node = {}, .timeout = {}};
+  ASSERT_TRUE(client.write(control::encode_request(status)));
+  auto line = client.read_line(std::chrono::seconds(10));
+  ASSERT_TRUE(line);
+  const auto pgdata = control::parse_reply(*line);
+  ASSERT_TRUE(pgdata && pgdata->ok) << *line;
+  EXPECT_EQ(pgdata->body["resources"][0]["lus"][0]["wwn"], "naa.6001405000000001") << *line;
+  EXPECT_EQ(pgdata->body["resources"][0]["detail"].get<std::string>().find("refused"),
+            std::string::npos)
+      << *line;
+  // pgwal cannot be acquired: the daemon says why.
+  control::Request acquire{
+      .id = ++id, .op = control::Op::kAcquire, .resource = "pgwal", .node = {}, .timeout = {}};
+  ASSERT_TRUE(client.write(control::encode_request(acquire)));
+  line = client.read_line(std::chrono::seconds(10));
+  ASSERT_TRUE(line);
+  const auto refused = control::parse_reply(*line);
+  ASSERT_TRUE(refused && !refused->ok && refused->error) << *line;
+  EXPECT_EQ(refused->error->code, control::ReplyError::kDevice);
+  EXPECT_TRUE(refused->error->message.starts_with("resource pgwal is refused: its device "))
+      << refused->error->message;
   EXPECT_EQ(daemon.stop(), 0);
 }
 

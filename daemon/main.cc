@@ -84,8 +84,8 @@ int run(int argc, char** argv) {
       }
       for (const auto& [other, others] : resolved) {
         if (auto shared = shared_lu(*lus, other, others)) {
-          (void)std::fprintf(stderr, "blkfenced: resource %s: %s\n", resource.name.c_str(),
-                             shared->c_str());
+          (void)std::fprintf(stderr, "blkfenced: resource %s: %s; name it in one resource only\n",
+                             resource.name.c_str(), shared->c_str());
           status = kExitConfig;
         }
       }

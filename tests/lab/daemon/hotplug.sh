@@ -115,10 +115,10 @@ wwn=$(lab_dev A "$lu" wwn)
 shared_lu="resource db2: its device \"$wwn\" is LU $wwn, which resource db has already (as \"/dev/mapper/$map\"): a LU belongs to one resource"
 checked=$("$BLKFENCED" --config "$BF/A/twice.toml" --check-config 2>&1)
 lab_expect_eq "--check-config with one LU in two resources exits 78" "$?" 78
-lab_expect "... naming both names of the LU ($(tail -n 1 <<<"$checked"))" grep -qxF "blkfenced: $shared_lu" <<<"$checked"
+lab_expect "... naming both names of the LU" grep -qxF "blkfenced: $shared_lu; name it in one resource only" <<<"$checked"
 started=$(timeout 30 "$BLKFENCED" --config "$BF/A/twice.toml" --log stderr 2>&1)
 lab_expect_eq "blkfenced refuses to start on it (exit 78)" "$?" 78
-lab_expect "... saying why ($(tail -n 1 <<<"$started"))" grep -qF "$shared_lu" <<<"$started"
+lab_expect "... saying why ($(tail -n 1 <<<"$started"))" grep -qF "$shared_lu; name it in one resource only" <<<"$started"
 lab_expect "A's daemon starts" bf_start A
 lab_expect "B's daemon starts" bf_start B
 lab_expect "A acquires db" bf_ctl A acquire db --timeout 30s

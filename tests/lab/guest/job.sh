@@ -64,18 +64,34 @@ lab_job_env() {
 }
 
 # lab_job_keep_logs: the files named *.log or log under each directory a check registered with
-# lab_keep_logs (tests/lab/lib/guest.sh), copied to kept-logs/NAME/ in the results, each copy
-# bounded in time (a wedged file system must not keep the guest up). Prints what it kept.
+# lab_keep_logs (tests/lab/lib/guest.sh), copied to kept-logs/NAME/ in the results. Prints what it
+# kept. lab_job_keep_logs_bounded runs it for at most 30 s: a copy stuck on a wedged file system
+# (a process in state D, which no signal ends) must not keep the guest up.
 lab_job_keep_logs() {
-  local dir name
+  local dir name files
   [[ -f $lab_keep_logs_registry ]] || return 0
   while IFS=$'\t' read -r dir name; do
     [[ -d $dir ]] || continue
+    files=$(cd "$dir" && find . -type f \( -name '*.log' -o -name log \) | head -n 1)
+    [[ -n $files ]] || continue
     mkdir -p "$lab_out/kept-logs/$name" &&
-      (cd "$dir" && timeout 20 find . -type f \( -name '*.log' -o -name log \) \
+      (cd "$dir" && find . -type f \( -name '*.log' -o -name log \) \
         -exec cp --parents -t "$lab_out/kept-logs/$name" {} +)
   done <"$lab_keep_logs_registry"
   (cd "$lab_out" && find kept-logs -type f 2>/dev/null | sort | tr '\n' ' ')
+}
+
+lab_job_keep_logs_bounded() {
+  local kept=/tmp/lab-kept-logs try
+  lab_job_keep_logs >"$kept" 2>&1 &
+  for ((try = 0; try < 300; try++)); do
+    if ! kill -0 $! 2>/dev/null; then
+      echo "lab: watchdog: the daemons' logs kept: $(cat "$kept")"
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "lab: watchdog: copying the daemons' logs took over 30 s; kept so far: $(cd "$lab_out" && find kept-logs -type f 2>/dev/null | sort | tr '\n' ' ')"
 }
 
 # lab_job_run: the test command, its output in test.log and its exit status in status; a command
@@ -85,9 +101,9 @@ lab_job_run() {
   (
     sleep "$LAB_DEADLINE_S"
     {
-      echo "lab: watchdog: the test ran past its deadline of ${LAB_DEADLINE_S}s; keeping the daemons' logs, dumping blocked tasks and powering off"
-      echo "lab: watchdog: the daemons' logs kept: $(lab_job_keep_logs)"
+      echo "lab: watchdog: the test ran past its deadline of ${LAB_DEADLINE_S}s; dumping blocked tasks, keeping the daemons' logs and powering off"
       echo w >/proc/sysrq-trigger
+      lab_job_keep_logs_bounded
     } | tee -a "$lab_out/test.log" >/dev/console
     echo "$LAB_DEADLINE_S" >"$lab_out/watchdog"
     lab_job_power_off

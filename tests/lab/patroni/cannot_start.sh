@@ -2,8 +2,9 @@
 # What the Patroni checks do when postgres cannot reach what it needs (tests/lab/patroni/lib.sh):
 # the clone is 0700 in the guest (tests/lab/guest/job.sh), as a clone under /root is.
 #   1. pgl_check_access names each path postgres cannot reach, the permission missing and the
-#      directory that denies it: the shipped hook and blkfencectl read from the clone, and a
-#      Patroni configuration in a 0700 directory; it passes on what pgl_install installed.
+#      directory that denies it: a missing control socket, a file that is no socket, the shipped
+#      hook and blkfencectl run from the clone, and a Patroni configuration in a 0700 directory;
+#      it passes on what pgl_install installed and a socket as blkfenced makes it.
 #   2. A Patroni started from a directory postgres cannot enter (what happened when the lab
 #      started Patroni from the clone): Patroni's initdb succeeds, the child through which it starts
 #      the postmaster dies on chdir(), and Patroni waits for ever. pgl_await must give up as soon
@@ -30,21 +31,37 @@ lab_expect "etcd answers" pgl_etcd_start
 pgl_hook_env A
 lab_expect "A's patroni.yml" pgl_config A
 lab_expect "the hooks and blkfencectl installed for postgres" pgl_install
-# A's blkfenced is not started here: the check finds its control socket missing.
+# A's blkfenced is not started here: the check finds its control socket missing, then refuses a
+# file that is not a socket.
 denied=$(pgl_check_access A 2>&1)
 lab_expect "pgl_check_access fails while A's control socket is missing" test "$?" -ne 0
 lab_expect "... names it, and nothing else ($denied)" test "$denied" = \
-  "postgres cannot write $BF/A/run/control.sock: no such file"
+  "postgres cannot connect to $BF/A/run/control.sock: no such file"
 mkdir -p "$BF/A/run"
-lab_expect "a socket stand-in that postgres may write" eval \
-  "touch '$BF/A/run/control.sock' && chgrp postgres '$BF/A/run/control.sock' && chmod 0660 '$BF/A/run/control.sock'"
+touch "$BF/A/run/control.sock" && chgrp postgres "$BF/A/run/control.sock" && chmod 0660 "$BF/A/run/control.sock"
+denied=$(pgl_check_access A 2>&1)
+lab_expect "... nor a file that is no socket ($denied)" has \
+  "postgres cannot connect to $BF/A/run/control.sock (-rw-rw----" "$denied"
+rm -f "$BF/A/run/control.sock"
+lab_expect "a socket that postgres may connect to, as blkfenced makes it" eval \
+  "python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' '$BF/A/run/control.sock' &&
+   chgrp postgres '$BF/A/run/control.sock' && chmod 0660 '$BF/A/run/control.sock'"
 lab_expect "pgl_check_access passes on what pgl_install installed" pgl_check_access A
+# The first directory on the way to the clone that postgres cannot search: the clone itself, or a
+# directory above it (/root, a `mktemp -d` directory).
+denier="" path=""
+IFS=/ read -r -a parts <<<"${BLKFENCE_LAB_REPO#/}"
+for part in "${parts[@]}"; do
+  path+=/$part
+  setpriv --reuid=postgres --regid=postgres --init-groups -- test -x "$path" || { denier=$path; break; }
+done
+lab_expect "postgres cannot reach the clone (it is 0700): $denier" test -n "$denier"
 denied=$(PGL_LIBDIR=$BLKFENCE_LAB_REPO/integrations/patroni PGL_BLKFENCECTL=$BLKFENCECTL pgl_check_access A 2>&1)
-lab_expect "the hook in the clone is refused, the clone named ($denied)" has \
-  "postgres cannot execute $BLKFENCE_LAB_REPO/integrations/patroni/blkfence-patroni-hook: no search permission on $BLKFENCE_LAB_REPO (drwx------ " "$denied"
+lab_expect "the hook in the clone is refused, $denier named ($denied)" has \
+  "postgres cannot execute $BLKFENCE_LAB_REPO/integrations/patroni/blkfence-patroni-hook: no search permission on $denier (drwx" "$denied"
 if [[ $BLKFENCECTL == "$BLKFENCE_LAB_REPO"/* ]]; then
   lab_expect "... and so is blkfencectl in its build tree" has \
-    "postgres cannot execute $BLKFENCECTL: no search permission on $BLKFENCE_LAB_REPO (drwx------ " "$denied"
+    "postgres cannot execute $BLKFENCECTL: no search permission on $denier (drwx" "$denied"
 fi
 cp "$PGL/a.yml" /tmp/pgl-private/a.yml
 denied=$(PGL=/tmp/pgl-private pgl_check_access A 2>&1)

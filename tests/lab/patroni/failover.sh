@@ -72,7 +72,7 @@ pre_promote=""
 lab_expect "A's and B's patroni.yml from integrations/patroni/patroni.yml.in" \
   eval 'pgl_config A "$pre_promote" && pgl_config B "$pre_promote"'
 lab_require "the hooks and blkfencectl installed for postgres (pgl_install)" pgl_install
-lab_require "postgres reaches all that A's and B's Patroni need" eval 'pgl_check_access A && pgl_check_access B'
+lab_require "postgres reaches all that A's and B's Patroni need" pgl_check_access_all A B
 
 t0=$EPOCHREALTIME
 pgl_patroni_start A

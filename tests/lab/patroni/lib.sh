@@ -59,15 +59,16 @@ pgl_install() {
 
 # pgl_check_access NODE: everything NODE's Patroni and its hooks reach as postgres, checked as
 # postgres in one process: the directory it starts in, the programs it runs, its configuration,
-# work, socket and data directories, and the control socket of NODE's blkfenced. Prints one line
-# per path it cannot reach, naming the path, the permission missing and the first directory on
-# the way that denies it (its mode and owner), and fails; silent when all is reachable.
+# work, socket and data directories, and the control socket of NODE's blkfenced (a socket it may
+# connect to). Prints one line per path it cannot reach, naming the path, the permission missing
+# and the first directory on the way that denies it (its mode and owner), and fails; silent when
+# all is reachable.
 pgl_check_access() {
   local x
   x=$(pgl_lower "$1")
   # shellcheck disable=SC2016 # the script runs in postgres's bash, with its own arguments
   setpriv --reuid=postgres --regid=postgres --init-groups -- /bin/bash -c '
-    declare -A verb=([x]=execute [r]=read [w]=write [s]=enter [d]="enter and write")
+    declare -A verb=([x]=execute [r]=read [S]="connect to" [s]=enter [d]="enter and write")
     bad=0
     while (($#)); do
       want=$1 path=$2
@@ -93,7 +94,7 @@ pgl_check_access() {
       case $want in
         x) [[ -f $path && -x $path ]] ;;
         r) [[ -r $path ]] ;;
-        w) [[ -w $path ]] ;;
+        S) [[ -S $path && -w $path ]] ;;
         s) [[ -d $path && -x $path ]] ;;
         d) [[ -d $path && -x $path && -w $path ]] ;;
       esac || {
@@ -106,7 +107,16 @@ pgl_check_access() {
     x /usr/lib/postgresql/15/bin/pg_ctl x /usr/lib/postgresql/15/bin/initdb \
     x "$PGL_LIBDIR/blkfence-patroni-hook" x "$PGL_BLKFENCECTL" \
     r "$PGL/$x.yml" d "$PGL" d "$PGL/sock-$x" d "/lab/pg/$x/data" \
-    w "$BF/$1/run/control.sock"
+    S "$BF/$1/run/control.sock"
+}
+
+# pgl_check_access_all NODE...: pgl_check_access for every NODE, each one's problems printed.
+pgl_check_access_all() {
+  local node ok=0
+  for node in "$@"; do
+    pgl_check_access "$node" || ok=1
+  done
+  return "$ok"
 }
 
 # pgl_fs NODE: a fresh ext4 on NODE's own LU through NODE's nexus, mounted at /lab/pg/node, with
@@ -216,6 +226,8 @@ pgl_patroni_start() {
   local node=$1 dir=${2:-/} x
   x=$(pgl_lower "$node")
   local -n hook_env=PGL_HOOK_ENV_$node
+  # Where this Patroni's output starts in the log (pgl_patroni_failed reads from there).
+  stat -c %s "$PGL/patroni-$x.log" 2>/dev/null >"$PGL/patroni-$x.from" || echo 0 >"$PGL/patroni-$x.from"
   (
     cd "$dir" &&
       exec env "${hook_env[@]}" HOME="$PGL" \
@@ -231,18 +243,20 @@ pgl_patroni_start() {
 # died with an exception, which Patroni does not notice: it waits for a postmaster that never
 # comes (a working directory postgres cannot enter raises PermissionError there).
 pgl_patroni_failed() {
-  local x pid log fatal
+  local x pid from log fatal
   x=$(pgl_lower "$1")
   log=$PGL/patroni-$x.log
-  read -r pid <"$PGL/patroni-$x.pid" 2>/dev/null || { echo "$1's Patroni was never started"; return 0; }
+  read -r pid 2>/dev/null <"$PGL/patroni-$x.pid" || { echo "$1's Patroni was never started"; return 0; }
+  read -r from 2>/dev/null <"$PGL/patroni-$x.from" || from=0
   if ! kill -0 "$pid" 2>/dev/null; then
     echo "$1's Patroni (pid $pid) has exited; $log ends:"
     tail -n 15 "$log"
     return 0
   fi
-  # A traceback through spawn.py, and its last line: the exception, at the start of a line.
-  fatal=$(awk '/multiprocessing\/spawn\.py/ { spawn = 1 }
-               spawn && /^[A-Za-z_.]*(Error|Exception): / { print; exit }' "$log")
+  # A traceback through spawn.py, and its last line: the exception, at the start of a line; in
+  # what this Patroni wrote (the log is appended to across restarts).
+  fatal=$(tail -c +$((from + 1)) "$log" | awk '/multiprocessing\/spawn\.py/ { spawn = 1 }
+               spawn && /^[A-Za-z_.]*(Error|Exception): / { print; exit }')
   [[ -n $fatal ]] || return 1
   echo "$1's Patroni could not start the postmaster: $fatal; $log ends:"
   tail -n 15 "$log"

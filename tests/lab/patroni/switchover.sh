@@ -84,7 +84,7 @@ lab_expect "etcd answers" pgl_etcd_start
 lab_expect "A's and B's patroni.yml from integrations/patroni/patroni.yml.in" \
   eval 'pgl_config A && pgl_config B'
 lab_require "the hooks and blkfencectl installed for postgres (pgl_install)" pgl_install
-lab_require "postgres reaches all that A's and B's Patroni need" eval 'pgl_check_access A && pgl_check_access B'
+lab_require "postgres reaches all that A's and B's Patroni need" pgl_check_access_all A B
 t0=$EPOCHREALTIME
 pgl_patroni_start A
 lab_require "A bootstraps the cluster and runs as primary" pgl_await A /primary 900
