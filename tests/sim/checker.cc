@@ -298,10 +298,15 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // K_V or K_V had opened V's gate before P.at: P fenced V's token. (A racer's lower-epoch preempt
 // of a registration that never opened a gate fences nothing: that acquire is still running and
 // may legitimately re-register and win.) Then no write W that landed on L with target sequence
-// s_W > s_P was issued by V's writer under a token of epoch <= epoch(K_V). In words: once a
-// higher epoch's acquire took L from V's key of epoch e, nothing V wrote with epoch e or older
-// lands on L, whether it was on the wire, held in the target's task set (PREEMPT AND ABORT must
-// abort it) or sent later by a writer that did not know yet.
+// s_W > s_P through a nexus X whose registration P removed (or that was registered with K_V after
+// P, below) was issued by V's writer under a token of epoch <= epoch(K_V). In words: once a
+// higher epoch's acquire took L from V's key of epoch e on nexus X, nothing V wrote with epoch e
+// or older lands on L through X, whether it was on the wire, held in the target's task set
+// (PREEMPT AND ABORT must abort it) or sent later by a writer that did not know yet. S1 is judged
+// per I_T nexus: a node with two keys on L (a nexus left on an older key by a REGISTER that timed
+// out) is cut off from L through each nexus when that nexus's registration goes, and a write
+// through a nexus still registered lands legitimately; the new holder's acquire or promote
+// returns only once every key of the old one is gone (its verify), so nothing lands after it.
 //
 // Plain PREEMPT (run.preempt_abort false) does not abort the victim's task set, so S1 as stated
 // holds only with PREEMPT AND ABORT (docs/protocol.md). With plain PREEMPT the checker asserts the
@@ -342,12 +347,10 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // command with the holder's key when it accepts it, and PREEMPT AND ABORT aborts the commands
 // marked with the preempted key, so a write held from the unreserved window, from when V was a
 // member, or from before V re-keyed its holding nexus (a promote's REGISTER AND IGNORE EXISTING
-// KEY) is not aborted, and no protocol can abort it (docs/protocol.md, "Primary mode"). And a W
-// that lands while a key of V's node still holds L: a promote removes the old primary's other keys
-// before the holder's (docs/protocol.md), so V is fenced on L when the reservation leaves its
-// node, and until then W came through a nexus of V not preempted yet. The new-path window's "V
-// knows" reads K_V's loss as the primary's monitor does (another holder, or K_V not registered)
-// when K_V opened a gate as the primary's, and as a member's (K_V not registered) otherwise.
+// KEY) is not aborted, and no protocol can abort it (docs/protocol.md, "Primary mode"). The
+// new-path window's "V knows" reads K_V's loss as the primary's monitor does (another holder, or
+// K_V not registered) when K_V opened a gate as the primary's, and as a member's (K_V not
+// registered) otherwise.
 
 // Primary mode: whether the key opened a gate as the primary's (which the monitor fences when it
 // is no longer the holder, as in exclusive mode), not as a member's.
@@ -357,9 +360,11 @@ bool opened_as_primary(const Run& run, std::uint64_t key) {
   });
 }
 
-bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::uint64_t key,
-                               const WriteRecord& write, const WriteIssue& issue) {
-  const auto registered = std::find_if(
+// Whether a REGISTER from the write's nexus registered `key` there after the fence and before the
+// write: the nexus then carries the fenced key although the fence did not remove it.
+bool registered_after(const Run& run, const PrOutRecord& fence, std::uint64_t key,
+                      const WriteRecord& write) {
+  return std::any_of(
       run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
         const bool registration =
             record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
@@ -369,7 +374,11 @@ bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::ui
                record.lu == write.lu && record.nexus == write.nexus &&
                record.sequence > fence.sequence && record.sequence < write.sequence;
       });
-  if (registered == run.target->prouts.end()) {
+}
+
+bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::uint64_t key,
+                               const WriteRecord& write, const WriteIssue& issue) {
+  if (!registered_after(run, fence, key, write)) {
     return false;
   }
   Time knows = run.end;
@@ -426,11 +435,6 @@ std::optional<std::uint64_t> holder_when_accepted(const Run& run, const Replay& 
     }
   }
   return replayed.holder_at(write.lu, after);
-}
-
-// Primary mode: whether a key of the node holds the LU (the reservation has not left it yet).
-bool held_by_node(std::optional<std::uint64_t> holder, std::uint16_t node) {
-  return holder && node_of_key(*holder) == node;
 }
 
 // A target without APTPL lost power after the fence and forgot its PR state: the LU has had no
@@ -498,15 +502,17 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
       continue;
     }
     for (const Replay::Removal* removal : found->second) {
-      if (removal->record->sequence < write.sequence &&
+      // Per I_T nexus: the removal fenced the nexus the write came through, or that nexus was
+      // registered with the fenced key after it (a late registration, judged below).
+      const bool this_nexus = removal->nexus == write.nexus ||
+                              registered_after(run, *removal->record, removal->key, write);
+      if (this_nexus && removal->record->sequence < write.sequence &&
           issue->second.epoch() <= epoch_of_key(removal->key) &&
           !(shared(run) &&
             (unfenced_between(run, issue->second.node, removal->record->at, write.at) ||
              !replayed.holder_at(write.lu, write.sequence) ||
              (run.primary && write.accepted_at < removal->record->at &&
-              holder_when_accepted(run, replayed, write) != removal->key) ||
-             (run.primary &&
-              held_by_node(replayed.holder_at(write.lu, write.sequence), issue->second.node)))) &&
+              holder_when_accepted(run, replayed, write) != removal->key))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second) &&
           !forgotten_since(run, replayed, *removal->record, write)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);

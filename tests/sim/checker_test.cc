@@ -2388,8 +2388,7 @@ TEST(CheckerPrimary, APromoteWithAHigherEpochIsNoViolation) {
 }
 
 // The old primary's write that lands after the promote took the LU from its node's key is a
-// violation: the reading that excuses a write while a key of its node still holds the LU (the
-// promote removes the old primary's other keys first) does not reach past that moment.
+// violation.
 TEST(CheckerPrimary, TheOldPrimarysWriteLandingAfterThePromoteViolatesS1) {
   History h = two_nodes(1);
   h.run().mode = fence::Mode::kShared;
@@ -2399,6 +2398,50 @@ TEST(CheckerPrimary, TheOldPrimarysWriteLandingAfterThePromoteViolatesS1) {
   h.issue_write(10, 1, 0, 150ms);
   h.land_write(10, 151ms);
   fenced(h, 1, 200ms);
+  EXPECT_TRUE(fires(h, {"S1"}, "a write of node 1 stamped epoch 2 landed on LU 0 after node 2"));
+}
+
+// Node 1, primary with epoch 1 on two paths, promotes again with epoch 2: the REGISTER on its
+// first path re-keys that nexus (the holder), the one on its second path times out and never
+// executes, so the second nexus keeps epoch 1; the promote verifies (no key of an old primary
+// other than its own) and the gate opens with epoch 2. Node 2's promote (epoch 3) preempts the
+// holder's key first, then (`second_removed_at`) the older key of the second nexus, and its gate
+// opens after both. Node 1's writer writes through its second nexus at 105 ms, stamped epoch 2
+// (seed 809346116785 --primary, tests/sim/README.md).
+History old_primary_with_two_keys(Time second_removed_at, std::uint32_t write_path) {
+  History h = two_nodes(1);
+  h.run().mode = fence::Mode::kShared;
+  h.run().primary = true;
+  h.add_path(1, 1ms);
+  acquire(h, 1, 10ms, key_of(1, 1), "promote");
+  h.acquire_called(1, 30ms, "promote");
+  h.set_key(1, key_of(1, 2));
+  h.read(1, 30ms);
+  h.prout(1, 32ms, 0, 0, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(1, 2));
+  const std::size_t lost =
+      h.submit_prout(1, 32ms, 0, 1, PrOutAction::kRegisterAndIgnoreExistingKey, 0, key_of(1, 2));
+  h.reap(lost, 32ms + 500ms, kTimedOut);
+  finish_acquire(h, 1, 33ms + 500ms, "promote");
+  begin_acquire(h, 2, 600ms, key_of(2, 3), "promote");
+  h.prout(2, 603ms, 0, 0, PrOutAction::kPreemptAndAbort, key_of(2, 3), key_of(1, 2));
+  h.issue_write(10, 1, 0, 604ms, write_path);
+  h.land_write(10, 605ms);
+  h.prout(2, second_removed_at, 0, 0, PrOutAction::kPreemptAndAbort, key_of(2, 3), key_of(1, 1));
+  finish_acquire(h, 2, second_removed_at + 1ms, "promote");
+  fenced(h, 1, 700ms);
+  return h;
+}
+
+// S1 is judged per I_T nexus: the second nexus was still registered (with epoch 1) when the write
+// landed, and node 2's gate opened only after that registration went too.
+TEST(CheckerPrimary, AWriteThroughANexusNotPreemptedYetIsNoViolation) {
+  History h = old_primary_with_two_keys(606ms, 1);
+  EXPECT_TRUE(fires(h, {}));
+}
+
+// ... and through the nexus whose registration the preempt removed, it is one.
+TEST(CheckerPrimary, AWriteThroughTheNexusThePreemptRemovedViolatesS1) {
+  History h = old_primary_with_two_keys(606ms, 0);
   EXPECT_TRUE(fires(h, {"S1"}, "a write of node 1 stamped epoch 2 landed on LU 0 after node 2"));
 }
 
