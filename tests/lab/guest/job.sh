@@ -15,7 +15,6 @@
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LANG=C.UTF-8
 lab_out=/lab/out
-lab_keep_logs_registry=/tmp/lab-keep-logs  # lab_keep_logs's registry (tests/lab/lib/guest.sh)
 # shellcheck source=/dev/null
 . "$lab_out/job.env"
 # shellcheck source=tests/lab/guest/topology.sh
@@ -59,6 +58,8 @@ lab_job_env() {
   export BLKFENCE_LAB_MAP=$lab_out/map.tsv BLKFENCE_LAB_MAP_JSON=$lab_out/map.json
   export BLKFENCE_LAB_OUT=$lab_out BLKFENCE_LAB_FABRIC=$LAB_FABRIC BLKFENCE_LAB_REPO=$LAB_REPO
   export BLKFENCE_LAB_BOOT=${LAB_BOOT:-1}
+  # Where lab_keep_logs (tests/lab/lib/guest.sh) names the directories of logs to keep.
+  export BLKFENCE_LAB_KEEP_LOGS=/tmp/lab-keep-logs
   chmod 0700 "$LAB_REPO" || lab_job_fail "making $LAB_REPO 0700 in the guest"
   cd "$LAB_REPO" || lab_job_fail "no $LAB_REPO in the guest"
 }
@@ -68,16 +69,16 @@ lab_job_env() {
 # kept. lab_job_keep_logs_bounded runs it for at most 30 s: a copy stuck on a wedged file system
 # (a process in state D, which no signal ends) must not keep the guest up.
 lab_job_keep_logs() {
-  local dir name files
-  [[ -f $lab_keep_logs_registry ]] || return 0
+  local dir name
+  [[ -f $BLKFENCE_LAB_KEEP_LOGS ]] || return 0
   while IFS=$'\t' read -r dir name; do
     [[ -d $dir ]] || continue
-    files=$(cd "$dir" && find . -type f \( -name '*.log' -o -name log \) | head -n 1)
-    [[ -n $files ]] || continue
     mkdir -p "$lab_out/kept-logs/$name" &&
       (cd "$dir" && find . -type f \( -name '*.log' -o -name log \) \
         -exec cp --parents -t "$lab_out/kept-logs/$name" {} +)
-  done <"$lab_keep_logs_registry"
+    # No empty directory where nothing matched (the runner lists what is there).
+    rmdir "$lab_out/kept-logs/$name" "$lab_out/kept-logs" 2>/dev/null
+  done <"$BLKFENCE_LAB_KEEP_LOGS"
   (cd "$lab_out" && find kept-logs -type f 2>/dev/null | sort | tr '\n' ' ')
 }
 

@@ -113,7 +113,8 @@ lab_require() {
 lab_keep_logs() {
   local line
   line=$(printf '%s\t%s' "$1" "$2")
-  grep -qxF -- "$line" /tmp/lab-keep-logs 2>/dev/null || printf '%s\n' "$line" >>/tmp/lab-keep-logs
+  grep -qxF -- "$line" "$BLKFENCE_LAB_KEEP_LOGS" 2>/dev/null ||
+    printf '%s\n' "$line" >>"$BLKFENCE_LAB_KEEP_LOGS"
 }
 
 lab_done() {
