@@ -437,6 +437,17 @@ std::optional<std::uint64_t> holder_when_accepted(const Run& run, const Replay& 
   return replayed.holder_at(write.lu, after);
 }
 
+// Primary mode: a write accepted before the fence, marked with a key the fence's PREEMPT AND ABORT
+// does not abort: none (the LU was unreserved) or another node's (the victim was a member under
+// that node's reservation). Never a key of the victim's own: an older key of its own that held
+// was aborted before the victim re-keyed the holding nexus (docs/protocol.md, "Re-keying a
+// holding nexus"), and its current key is what the fence aborts.
+bool marked_beyond_the_abort(const Run& run, const Replay& replayed, const WriteRecord& write,
+                             std::uint16_t victim) {
+  const auto mark = holder_when_accepted(run, replayed, write);
+  return !mark || cluster_of_key(*mark) != run.cluster_id || node_of_key(*mark) != victim;
+}
+
 // A target without APTPL lost power after the fence and forgot its PR state: the LU has had no
 // reservation since, so every nexus may write until a node reserves it again, the fenced node's
 // included until it notices. That is the hazard docs/protocol.md ("Power loss and APTPL") states
@@ -512,7 +523,7 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
             (unfenced_between(run, issue->second.node, removal->record->at, write.at) ||
              !replayed.holder_at(write.lu, write.sequence) ||
              (run.primary && write.accepted_at < removal->record->at &&
-              holder_when_accepted(run, replayed, write) != removal->key))) &&
+              marked_beyond_the_abort(run, replayed, write, issue->second.node)))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second) &&
           !forgotten_since(run, replayed, *removal->record, write)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);

@@ -3,7 +3,8 @@
 // registrant with a fresh, persisted epoch (above the persisted mark, every key seen, and a holder
 // seen only in the reservation); a second acquire preempts the first, whose gate closes within one
 // check_interval plus a round trip; the holder re-acquires under a new key, preempting its older
-// key where that holds through a path the node no longer has; a second operation is refused while
+// key where that holds through a path the node no longer has, and aborting what the target accepted
+// under the older key before it re-keys the holding nexus; a second operation is refused while
 // one runs; and the failure paths (unreadable LUs, an epoch store that cannot persist, a lost
 // REGISTER answer, keys that cannot be read back, a verify older than the lease) open no gate, read
 // before any further PR OUT, leave the loser's registration to the winner's monitor, and never
@@ -11,6 +12,9 @@
 #include <memory>
 
 #include <gtest/gtest.h>
+
+#include "blkfence/codec/sense.h"
+#include "blkfence/testing/sim_commands.h"
 
 #include "resource_test_bench.h"
 
@@ -144,6 +148,55 @@ TEST_F(ResourceTest, ReacquireWhileHoldingAnOlderKeyOfItsOwnSucceeds) {
   EXPECT_TRUE(a->resource->gate_open());
   EXPECT_EQ(a->resource->state(), State::kHeld);
 }
+
+// docs/protocol.md, "Re-keying a holding nexus": the target marks each command with the holder's
+// key when it accepts it, and PREEMPT AND ABORT aborts by that mark. A write of A's accepted under
+// its older key, still queued in the target when A re-acquires, is aborted before A's REGISTER
+// re-keys the holding nexus, through two paths or one (a PREEMPT AND ABORT by the holder of its
+// own key aborts its own commands too); so B's PREEMPT AND ABORT of A's new key leaves nothing of
+// A's to land after it. Without that abort the write lands after B's preempt (S1).
+class RekeyTest : public ResourceTest, public ::testing::WithParamInterface<std::size_t> {};
+
+TEST_P(RekeyTest, AReacquireOverItsOwnOlderKeyAbortsTheWritesAcceptedUnderIt) {
+  const std::size_t paths = GetParam();
+  ResourceOptions options = a->options(Mode::kExclusive, true);
+  for (auto& lu : options.lus) {
+    lu.paths.resize(paths);
+  }
+  a->boot(options);
+  b->boot(b->options(Mode::kExclusive, true));
+  const Key old_key = acquired(*a);
+  std::optional<transport::SimAnswer> answer;
+  target.submit(0, nexus_of(kNodeA, 0, 0), transport::test::write_command(7, 0xa1),
+                std::chrono::seconds(2),
+                [&](transport::SimAnswer written) { answer = std::move(written); });
+  ASSERT_EQ(target.held_count(0), 1U);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+  }
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+  }
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_TRUE(outcome->result->has_value()) << outcome->result->error().message();
+  EXPECT_GT((*outcome->result)->epoch(), old_key.epoch());
+  ASSERT_TRUE(answer.has_value()) << "the write accepted under the older key is still queued";
+  EXPECT_EQ(answer->status, static_cast<std::uint8_t>(codec::SamStatus::kTaskAborted));
+
+  const Key key_b = acquired(*b);
+  EXPECT_GT(key_b.epoch(), (*outcome->result)->epoch());
+  const Time settled = now() + std::chrono::seconds(3);
+  ASSERT_TRUE(run_until([&] { return now() >= settled; }));
+  EXPECT_EQ(target.held_count(0), 0U);
+  EXPECT_TRUE(transport::test::s1_violations(target.history()).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(OneOrTwoPaths, RekeyTest, ::testing::Values(1U, 2U),
+                         [](const auto& param_info) {
+                           return param_info.param == 1U ? "OnePath" : "TwoPaths";
+                         });
 
 // An older key of this node that holds through a nexus the node no longer has (the path went
 // away; the target still has that nexus registered, holding) cannot be moved by our REGISTERs, and

@@ -229,6 +229,12 @@ class Resource {
   void run(std::vector<pr::Request> requests, Time now,
            std::function<void(std::vector<pr::Response>, Time)> then);
   void read_all(bool with_keys, Time now, ReadsDone then);
+  // Before a REGISTER of key where reads showed an older key of ours holding: aborts what the
+  // target accepted under that key and reads again; then(error, reads) with an empty error when
+  // nothing is left queued under it, and the reads to go on from (the given ones when nothing
+  // was sent).
+  using AbortedDone = std::function<void(const std::string&, Reads, Time)>;
+  void abort_under_own_holder(Reads reads, Key key, Time now, AbortedDone then);
   bool refuse(Mode mode, Time now, Done& done);
   void begin(Op op, Done done);
   void end(Result<Key> result, Time now);
@@ -245,6 +251,8 @@ class Resource {
   void read_capabilities(Time now, std::function<void(Time)> then);
   void with_capabilities(Time now, std::function<void(Time)> then);
   codec::RegisterOptions register_options() const;
+  // REGISTER AND IGNORE EXISTING KEY of key on every path of every LU.
+  std::vector<pr::Request> register_everywhere(Key key) const;
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
   [[nodiscard]] Result<void> load_epochs();
   [[nodiscard]] Result<void> store_epochs(StoredEpochs epochs);
