@@ -170,14 +170,17 @@ std::optional<std::string> shared_lu(const std::vector<pr::LogicalUnit>& lus,
 }
 
 DaemonEnv system_daemon_env() {
-  return {.transport = transport_for,
-          .resolve =
-              [](const ResourceConfig& resource) {
-                return resolve_devices(resource, pr::system_discovery_env());
-              },
-          .group_lookup = group_id,
-          .epochs =
-              [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); }};
+  return {
+      .transport = transport_for,
+      .resolve =
+          [](const ResourceConfig& resource) {
+            return resolve_devices(resource, pr::system_discovery_env());
+          },
+      .group_lookup = group_id,
+      .epochs =
+          [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); },
+      .writes_in_flight = [env = pr::system_discovery_env()](
+                              const pr::LogicalUnit& lu) { return pr::writes_in_flight(lu, env); }};
 }
 
 std::chrono::milliseconds epoch_store_wait(const Config& config) {
@@ -192,6 +195,7 @@ std::chrono::milliseconds epoch_store_wait(const Config& config) {
 Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env) {
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->config_ = std::move(config);
+  daemon->writes_in_flight_ = env.writes_in_flight;
   const Config& c = daemon->config_;
   if (auto made = make_dir(c.state_dir, 0700); !made) {
     return tl::unexpected(made.error());
@@ -282,6 +286,8 @@ void Daemon::add_resource(const ResourceConfig& resource, std::vector<pr::Logica
       .lease = resource.lease,
       .keys_every = resource.keys_every,
       .verify_rounds_max = 3,
+      .writes_in_flight = writes_in_flight_,
+      .drain_wait = kDrainWait,
   };
   resources_.push_back(
       std::make_unique<fence::Resource>(std::move(options), *engine_, *epochs_, *this));

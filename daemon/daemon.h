@@ -68,7 +68,14 @@ struct DaemonEnv {
   // The epoch store in state_dir; the daemon calls it through a BoundedEpochStore
   // (epoch_worker.h).
   std::function<std::unique_ptr<fence::EpochStore>(const std::string& state_dir)> epochs;
+  // The writes this host has in flight on a LU (pr::writes_in_flight on /sys): a re-key of the
+  // node's own holding nexus waits for none (docs/protocol.md, "Re-keying a holding nexus").
+  std::function<Result<std::uint64_t>(const pr::LogicalUnit& lu)> writes_in_flight;
 };
+// How long that re-key waits for them: longer than the SCSI midlayer's default command timeout
+// (30 s) and one retry, so that a write that will never complete has been failed by the kernel by
+// then; an operation's caller can cancel it sooner (--timeout).
+inline constexpr std::chrono::seconds kDrainWait{75};
 // How long the event loop waits for a load or store of the epoch file: what every resource's
 // monitor can afford (one check_interval, and half of what its lease leaves over check_interval),
 // and at most this (docs/operations.md, "Blocking calls").
@@ -154,6 +161,7 @@ class Daemon final : public fence::Observer, public ControlHandler {
   std::unique_ptr<transport::Transport> transport_;
   std::unique_ptr<pr::Engine> engine_;
   std::unique_ptr<fence::EpochStore> epochs_;
+  std::function<Result<std::uint64_t>(const pr::LogicalUnit& lu)> writes_in_flight_;
   std::unique_ptr<Gate> gate_;
   std::vector<std::unique_ptr<fence::Resource>> resources_;
   // Resources whose devices this host does not have yet, and why: no fence::Resource until they

@@ -274,7 +274,9 @@ class SimDevices {
         },
         .group_lookup = group_id,
         .epochs =
-            [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); }};
+            [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); },
+        // The simulated LUs have no block device, and nothing writes to them but the tests.
+        .writes_in_flight = [](const pr::LogicalUnit&) -> Result<std::uint64_t> { return 0; }};
   }
 
   transport::SimTarget& target() { return target_; }

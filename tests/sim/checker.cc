@@ -343,11 +343,12 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // V's last unfence() or promote() call before P.at; typically a promote's PREEMPT of the old
 // primary's key. The same excuses hold: an unfence() or promote() of V in [P.at, W.at), the
 // late new-path registration, an unreserved L when W landed (the LUs are unreserved until the
-// first promote), and a W the target accepted before P while K_V was not L's holder: LIO marks each
-// command with the holder's key when it accepts it, and PREEMPT AND ABORT aborts the commands
-// marked with the preempted key, so a write held from the unreserved window, from when V was a
-// member, or from before V re-keyed its holding nexus (a promote's REGISTER AND IGNORE EXISTING
-// KEY) is not aborted, and no protocol can abort it (docs/protocol.md, "Primary mode"). The
+// first promote), and a W the target accepted before P while L's holder was no key of V's: LIO
+// marks each command with the holder's key when it accepts it, and PREEMPT AND ABORT aborts the
+// commands marked with the preempted key, so a write held from the unreserved window or from when
+// V was a member is not aborted (docs/protocol.md, "Primary mode"). A write marked with an older
+// key of V's is no excuse: V re-keys its holding nexus only once its writes are done
+// (marked_beyond_the_abort). The
 // new-path window's "V knows" reads K_V's loss as the primary's monitor does (another holder, or
 // K_V not registered) when K_V opened a gate as the primary's, and as a member's (K_V not
 // registered) otherwise.

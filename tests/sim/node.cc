@@ -144,6 +144,7 @@ Node::Node(World& world, std::uint16_t id, const std::vector<std::size_t>& paths
     }
     writer_paths_.push_back(std::move(opened));
   }
+  writer_unreaped_.assign(writer_paths_.size(), 0);
 }
 
 Node::~Node() {
@@ -166,6 +167,25 @@ fence::ResourceOptions Node::options() const {
   o.check_interval = config.check_interval;
   o.lease = config.lease;
   o.keys_every = config.keys_every;
+  // The kernel's count of the node's writes in flight on a LU (/sys/block/sdX/inflight): those
+  // its writer submitted and has not reaped, and those the target still holds from the node's
+  // nexuses. A real initiator completes a write it gave up on only once its error handler has
+  // aborted it at the target (LIO answers the abort once the command has left its backend) or the
+  // session was torn down (LIO lets the next login in once the old session's commands are gone);
+  // the simulated writer's transport reaps a timed-out write at once, so the target's own count
+  // stands for that wait.
+  o.writes_in_flight = [this](const pr::LogicalUnit& unit) -> Result<std::uint64_t> {
+    const auto lu = static_cast<std::size_t>(
+        std::find_if(lus_.begin(), lus_.end(),
+                     [&unit](const pr::LogicalUnit& l) { return l.wwn == unit.wwn; }) -
+        lus_.begin());
+    BLKFENCE_ASSERT(lu < lus_.size());
+    std::uint64_t writes = writer_unreaped_[lu];
+    for (const NexusId nexus : nexuses_[lu]) {
+      writes += world_.target().held_count(static_cast<LuId>(lu), nexus);
+    }
+    return writes;
+  };
   return o;
 }
 
@@ -525,6 +545,10 @@ void Node::writer_step(bool readable) {
     (void)writer_transport_->reap(milliseconds(0), scratch_);
   }
   for (const auto& completion : scratch_) {
+    if (const auto issued = writer_lu_of_.find(completion.tag); issued != writer_lu_of_.end()) {
+      --writer_unreaped_[issued->second];
+      writer_lu_of_.erase(issued);
+    }
     if (completion.outcome == transport::Outcome::kGood) {
       ++writes_landed;
     } else {
@@ -552,6 +576,8 @@ void Node::writer_step(bool readable) {
     command.tag = id;
     const auto submitted = writer_transport_->submit(writer_paths_[lu][p], std::move(command));
     BLKFENCE_ASSERT(submitted.has_value());
+    writer_lu_of_[id] = lu;
+    ++writer_unreaped_[lu];
     world_.add_write(WriteIssue{.id = id,
                                 .node = id_,
                                 .key = writer_key_,

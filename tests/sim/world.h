@@ -405,6 +405,8 @@ class Node final : public fence::Observer {
   bool writer_gate_ = false;
   std::uint64_t writer_key_ = 0;
   std::optional<Time> writer_next_;
+  std::map<std::uint64_t, std::size_t> writer_lu_of_;  // a write not reaped yet: its LU
+  std::vector<std::uint64_t> writer_unreaped_;         // [lu]: how many
   std::vector<transport::Completion> scratch_;
 };
 

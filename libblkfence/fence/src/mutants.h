@@ -104,13 +104,13 @@ constexpr bool kStraysAboveLeft = true;
 constexpr bool kStraysAboveLeft = false;
 #endif
 
-// An acquire, promote or unfence re-keys a nexus of ours that holds with an older key without first
-// aborting what the target accepted under it, as it once did (S1): a write marked with the older
-// key outlives the next holder's PREEMPT AND ABORT of the new one.
-#ifdef BLKFENCE_MUTANT_REKEY_WITHOUT_ABORT
-constexpr bool kRekeyWithoutAbort = true;
+// An acquire, promote or unfence re-keys a nexus of ours that holds with an older key while the
+// node still has writes in flight, as it once did (S1): a write marked with the older key outlives
+// the next holder's PREEMPT AND ABORT of the new one.
+#ifdef BLKFENCE_MUTANT_REKEY_WITHOUT_DRAIN
+constexpr bool kRekeyWithoutDrain = true;
 #else
-constexpr bool kRekeyWithoutAbort = false;
+constexpr bool kRekeyWithoutDrain = false;
 #endif
 
 }  // namespace blkfence::fence::mutant

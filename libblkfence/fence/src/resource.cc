@@ -209,69 +209,61 @@ std::vector<pr::Request> Resource::register_everywhere(Key key) const {
 // docs/protocol.md, "Re-keying a holding nexus". LIO marks each command it accepts with the key of
 // the reservation's holder at that moment, and a PREEMPT AND ABORT aborts the commands marked with
 // the keys it removes. A REGISTER AND IGNORE EXISTING KEY on a nexus of ours that holds with an
-// older key moves the reservation to the new key and leaves the commands marked with the older one
-// in the task set, where the next holder's PREEMPT AND ABORT of the new key does not reach them.
-// So first, on each LU where an older key of ours holds, a PREEMPT AND ABORT of that key by that
-// key (SPC-4 5.13.11.2.6 with the holder's own key: the reservation and the sender's registration
-// stay; every other registration of the key goes, and the target aborts the commands marked with
-// it and answers once they are gone). It is sent on every path: the first of ours that carries the
-// key executes it, and the others, no longer registered, get RESERVATION CONFLICT. A LU where every
-// path conflicts holds through a nexus this node no longer has (a path that went away), or a
-// racer preempted the key since our read: the take step preempts it, with abort, like any holder.
-void Resource::abort_under_own_holder(Reads reads, Key key, Time now, AbortedDone then) {
-  std::vector<pr::Request> requests;
-  std::vector<std::size_t> lu_of;
-  if (options_.preempt_abort && !mutant::kRekeyWithoutAbort) {
-    for (std::size_t i = 0; i < options_.lus.size(); ++i) {
-      const auto holder = reads.holder(i);
-      if (!holder || !ours(*holder) || *holder == key.value()) {
-        continue;
-      }
-      for (auto& request : pr::prout_every_path(
-               options_.lus[i], codec::prout_preempt_and_abort(*holder, *holder, options_.type),
-               "PREEMPT AND ABORT (our own older key)")) {
-        requests.push_back(std::move(request));
-        lu_of.push_back(i);
-      }
+// older key moves the reservation to the new key and leaves a write accepted under the older one
+// marked with it, where the next holder's PREEMPT AND ABORT of the new key does not reach it. So
+// the REGISTER waits until this node has no write in flight on such a LU: the kernel completes a
+// write only once the target is done with it (answered, or aborted by the error handler, which the
+// target answers once the command has left its backend), so none is left there either, and every
+// later write is accepted under the new key. (Aborting them ourselves, a PREEMPT AND ABORT of the
+// older key by itself, wedges LIO's iSCSI target when it is sent through the session the writes
+// came by: docs/reference/lio.md §6.)
+void Resource::drain_before_rekey(const Reads& reads, Key key, Time now,
+                                  std::function<void(const std::string&, Time)> then) {
+  std::vector<std::size_t> lus;
+  for (std::size_t i = 0; i < options_.lus.size(); ++i) {
+    const auto holder = reads.holder(i);
+    if (holder && ours(*holder) && *holder != key.value() && !mutant::kRekeyWithoutDrain) {
+      lus.push_back(i);
     }
   }
-  if (requests.empty()) {
-    then({}, std::move(reads), now);
+  if (lus.empty()) {
+    then({}, now);
     return;
   }
-  detail_ = "aborting the commands queued under our older key";
-  run(std::move(requests), now,
-      [this, lu_of, then = std::move(then)](const std::vector<pr::Response>& responses, Time at) {
-        std::vector<bool> aborted(options_.lus.size(), false);
-        std::vector<std::string> failed(options_.lus.size());
-        for (std::size_t r = 0; r < responses.size(); ++r) {
-          const std::size_t lu = lu_of[r];
-          if (responses[r].data) {
-            aborted[lu] = true;
-          } else if (responses[r].data.error().code() != ErrorCode::kReservationConflict &&
-                     failed[lu].empty()) {
-            failed[lu] = responses[r].data.error().message();
-          }
-        }
-        std::string error;
-        for (std::size_t lu = 0; lu < options_.lus.size(); ++lu) {
-          if (!aborted[lu] && !failed[lu].empty()) {
-            error += (error.empty() ? "" : "; ") + options_.lus[lu].name + ": " + failed[lu];
-          }
-        }
-        // S4: the paths that conflicted, and any answer that did not come, are read back before
-        // anything else is sent; what follows works from this read.
-        read_all(true, at, [then, error](Reads fresh, Time read_at) {
-          if (!error.empty()) {
-            then("cannot abort the commands queued under our older key (" + error + ")",
-                 std::move(fresh), read_at);
-          } else if (!fresh.ok()) {
-            then("cannot read after aborting the commands queued under our older key",
-                 std::move(fresh), read_at);
-          } else {
-            then({}, std::move(fresh), read_at);
-          }
-        });
+  drain_look(std::move(lus), now + options_.drain_wait, now, std::move(then));
+}
+
+void Resource::drain_look(std::vector<std::size_t> lus, Time deadline, Time now,
+                          std::function<void(const std::string&, Time)> then) {
+  std::string left;
+  for (const std::size_t i : lus) {
+    const auto writes = options_.writes_in_flight
+                            ? options_.writes_in_flight(options_.lus[i])
+                            : fail(ErrorCode::kNotSupported, "cannot count the writes in flight");
+    if (!writes || *writes > 0) {
+      left += (left.empty() ? "" : ", ") + options_.lus[i].name + ": " +
+              (writes ? std::to_string(*writes) + " write(s) in flight" : writes.error().message());
+    }
+  }
+  if (left.empty()) {
+    then({}, now);
+    return;
+  }
+  if (cancelled_ || now >= deadline) {
+    const auto waited = std::chrono::duration_cast<std::chrono::seconds>(options_.drain_wait);
+    const std::string when =
+        cancelled_ ? "before the cancel" : "within " + std::to_string(waited.count()) + " s";
+    then("this node's writes under its older key did not finish " + when + " (" + left +
+             "); the holding nexus is not re-keyed while they may still land",
+         now);
+    return;
+  }
+  detail_ = "waiting for this node's writes under its older key to finish before re-keying (" +
+            left + ")";
+  const Time next = std::min(deadline, now + options_.check_interval);
+  draining_.emplace(
+      next, [this, lus = std::move(lus), deadline, then = std::move(then)](Time at) mutable {
+        drain_look(std::move(lus), deadline, at, std::move(then));
       });
 }
 

@@ -3,8 +3,8 @@
 // registrant with a fresh, persisted epoch (above the persisted mark, every key seen, and a holder
 // seen only in the reservation); a second acquire preempts the first, whose gate closes within one
 // check_interval plus a round trip; the holder re-acquires under a new key, preempting its older
-// key where that holds through a path the node no longer has, and aborting what the target accepted
-// under the older key before it re-keys the holding nexus; a second operation is refused while
+// key where that holds through a path the node no longer has, and waiting for its writes in flight
+// before it re-keys the holding nexus; a second operation is refused while
 // one runs; and the failure paths (unreadable LUs, an epoch store that cannot persist, a lost
 // REGISTER answer, keys that cannot be read back, a verify older than the lease) open no gate, read
 // before any further PR OUT, leave the loser's registration to the winner's monitor, and never
@@ -151,46 +151,87 @@ TEST_F(ResourceTest, ReacquireWhileHoldingAnOlderKeyOfItsOwnSucceeds) {
 
 // docs/protocol.md, "Re-keying a holding nexus": the target marks each command with the holder's
 // key when it accepts it, and PREEMPT AND ABORT aborts by that mark. A write of A's accepted under
-// its older key, still queued in the target when A re-acquires, is aborted before A's REGISTER
-// re-keys the holding nexus, through two paths or one (a PREEMPT AND ABORT by the holder of its
-// own key aborts its own commands too); so B's PREEMPT AND ABORT of A's new key leaves nothing of
-// A's to land after it. Without that abort the write lands after B's preempt (S1).
-class RekeyTest : public ResourceTest, public ::testing::WithParamInterface<std::size_t> {};
+// its older key, still in the target when A re-acquires, would keep that mark after A's REGISTER
+// re-keyed the holding nexus, and land after B's PREEMPT AND ABORT of A's new key (S1). So the
+// REGISTER waits until A has no write in flight: the write lands first, under A's older key, and
+// nothing of A's lands after B's preempt. Through one path and two.
+class RekeyTest : public ResourceTest, public ::testing::WithParamInterface<std::size_t> {
+ protected:
+  // A holds with an older key, its gate closed by lost contact, with a write accepted under that
+  // key held in the target for hold.
+  Key held_with_a_write_in_flight(Time hold, std::optional<transport::SimAnswer>& answer) {
+    ResourceOptions options = a->options(Mode::kExclusive, true);
+    for (auto& lu : options.lus) {
+      lu.paths.resize(GetParam());
+    }
+    options.drain_wait = std::chrono::seconds(3);
+    a->boot(options);
+    b->boot(b->options(Mode::kExclusive, true));
+    const Key old_key = acquired(*a);
+    landing = now() + hold;
+    target.submit(0, nexus_of(kNodeA, 0, 0), transport::test::write_command(7, 0xa1), hold,
+                  [&answer](transport::SimAnswer written) { answer = std::move(written); });
+    EXPECT_EQ(target.held_count(0), 1U);
+    for (std::size_t lu = 0; lu < kLus; ++lu) {
+      a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+    }
+    EXPECT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+    for (std::size_t lu = 0; lu < kLus; ++lu) {
+      a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+    }
+    return old_key;
+  }
 
-TEST_P(RekeyTest, AReacquireOverItsOwnOlderKeyAbortsTheWritesAcceptedUnderIt) {
-  const std::size_t paths = GetParam();
-  ResourceOptions options = a->options(Mode::kExclusive, true);
-  for (auto& lu : options.lus) {
-    lu.paths.resize(paths);
+  Time landing{0};  // when the write takes effect
+
+  // Whether A sent a REGISTER of a key other than old_key from index `from` on.
+  bool registered_anew(std::size_t from, Key old_key) const {
+    const auto mine = a->sent_since(from);
+    return std::any_of(mine.begin(), mine.end(), [&](const Sent& s) {
+      return s.is(PrOutAction::kRegisterAndIgnoreExistingKey) && s.sa_key != old_key.value();
+    });
   }
-  a->boot(options);
-  b->boot(b->options(Mode::kExclusive, true));
-  const Key old_key = acquired(*a);
+};
+
+TEST_P(RekeyTest, AReacquireOverItsOwnOlderKeyWaitsForItsWritesBeforeReKeying) {
   std::optional<transport::SimAnswer> answer;
-  target.submit(0, nexus_of(kNodeA, 0, 0), transport::test::write_command(7, 0xa1),
-                std::chrono::seconds(2),
-                [&](transport::SimAnswer written) { answer = std::move(written); });
-  ASSERT_EQ(target.held_count(0), 1U);
-  for (std::size_t lu = 0; lu < kLus; ++lu) {
-    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
-  }
-  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
-  for (std::size_t lu = 0; lu < kLus; ++lu) {
-    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
-  }
+  const Key old_key = held_with_a_write_in_flight(std::chrono::seconds(2), answer);
+  const std::size_t before = sent.size();
   Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return now() >= landing - milliseconds(100); }));
+  EXPECT_FALSE(outcome->done());
+  EXPECT_FALSE(registered_anew(before, old_key)) << "the holding nexus was re-keyed with a write "
+                                                    "of the older key in flight";
+  EXPECT_NE(a->resource->detail().find("write(s) in flight"), std::string::npos)
+      << a->resource->detail();
   ASSERT_TRUE(run_until([&] { return outcome->done(); }));
   ASSERT_TRUE(outcome->result->has_value()) << outcome->result->error().message();
   EXPECT_GT((*outcome->result)->epoch(), old_key.epoch());
-  ASSERT_TRUE(answer.has_value()) << "the write accepted under the older key is still queued";
-  EXPECT_EQ(answer->status, static_cast<std::uint8_t>(codec::SamStatus::kTaskAborted));
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->status, static_cast<std::uint8_t>(codec::SamStatus::kGood));
 
   const Key key_b = acquired(*b);
   EXPECT_GT(key_b.epoch(), (*outcome->result)->epoch());
-  const Time settled = now() + std::chrono::seconds(3);
-  ASSERT_TRUE(run_until([&] { return now() >= settled; }));
   EXPECT_EQ(target.held_count(0), 0U);
   EXPECT_TRUE(transport::test::s1_violations(target.history()).empty());
+}
+
+// A write that does not finish within drain_wait fails the acquire with what is still in flight,
+// before anything of the new key is sent; the older key keeps the reservation.
+TEST_P(RekeyTest, AReacquireWhoseWritesDoNotFinishFailsWithoutReKeying) {
+  std::optional<transport::SimAnswer> answer;
+  const Key old_key = held_with_a_write_in_flight(std::chrono::seconds(30), answer);
+  const std::size_t before = sent.size();
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_NE(outcome->result->error().message().find("lu0: 1 write(s) in flight"), std::string::npos)
+      << outcome->result->error().message();
+  EXPECT_FALSE(registered_anew(before, old_key));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), old_key.value()) << "LU " << lu;
+  }
+  EXPECT_FALSE(a->resource->gate_open());
 }
 
 INSTANTIATE_TEST_SUITE_P(OneOrTwoPaths, RekeyTest, ::testing::Values(1U, 2U),

@@ -35,6 +35,11 @@ void Resource::on_time(Time now) {
     settling_.reset();
     step(now);
   }
+  if (draining_ && draining_->first <= now) {
+    auto step = std::move(draining_->second);
+    draining_.reset();
+    step(now);
+  }
 }
 
 bool Resource::gate_open_at(Time now) const {
@@ -58,6 +63,9 @@ std::optional<Time> Resource::next_wake() const {
     // back (end_waits_for_returned_commands).
     const Time look = std::min(settling_->first, settle_look_);
     wake = wake ? std::min(*wake, look) : look;
+  }
+  if (draining_) {
+    wake = wake ? std::min(*wake, draining_->first) : draining_->first;
   }
   return wake;
 }

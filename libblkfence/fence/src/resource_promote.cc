@@ -82,46 +82,43 @@ void Resource::promote_draw(const Reads& reads, Time now) {
     return;
   }
   // A primary promoted again over its own older key (after lost contact) re-keys the nexus that
-  // holds: what the target accepted under the older key is aborted first.
-  abort_under_own_holder(
-      reads, key, now, [this, key](const std::string& aborting, const Reads&, Time from) {
-        if (!aborting.empty()) {
-          // Nothing of the new key was sent: the older key holds as before, and the monitor reads
-          // on.
-          detail_ = "promote failed: " + aborting;
-          end(fail(ErrorCode::kIndeterminate, "promote of " + options_.name + ": " + aborting),
-              from);
-          return;
-        }
-        if (cancelled_) {
-          detail_ = "promote cancelled before it registered";
-          end(fail(ErrorCode::kCancelled,
-                   "promote of " + options_.name + ": cancelled before it registered"),
-              from);
-          return;
-        }
-        detail_ = "promoting: registering " + key.to_string();
-        // REGISTER AND IGNORE EXISTING KEY moves each of our nexuses from its member key to the new
-        // one in one command: the node stays registered, and so able to write, throughout.
-        std::vector<pr::Request> requests = register_everywhere(key);
-        run(std::move(requests), from,
-            [this, key](const std::vector<pr::Response>& responses, Time at) {
-              note_late_registers(responses, at);
-              if (const std::string error = first_error(responses); !error.empty()) {
-                promote_failed(key, "register: " + error, at);
-                return;
-              }
-              read_all(true, at, [this, key](const Reads& registered, Time read_at) {
-                if (!registered.ok()) {
-                  promote_failed(
-                      key, "cannot read after registering: " + registered.errors(options_.lus),
-                      read_at);
-                  return;
-                }
-                promote_take(key, registered, {}, 0, read_at);
-              });
-            });
-      });
+  // holds: its writes under the older key must have finished first.
+  drain_before_rekey(reads, key, now, [this, key](const std::string& draining, Time from) {
+    if (!draining.empty()) {
+      // Nothing of the new key was sent: the older key holds as before.
+      detail_ = "promote failed: " + draining;
+      end(fail(ErrorCode::kIndeterminate, "promote of " + options_.name + ": " + draining), from);
+      return;
+    }
+    if (cancelled_) {
+      detail_ = "promote cancelled before it registered";
+      end(fail(ErrorCode::kCancelled,
+               "promote of " + options_.name + ": cancelled before it registered"),
+          from);
+      return;
+    }
+    detail_ = "promoting: registering " + key.to_string();
+    // REGISTER AND IGNORE EXISTING KEY moves each of our nexuses from its member key to the new
+    // one in one command: the node stays registered, and so able to write, throughout.
+    std::vector<pr::Request> requests = register_everywhere(key);
+    run(std::move(requests), from,
+        [this, key](const std::vector<pr::Response>& responses, Time at) {
+          note_late_registers(responses, at);
+          if (const std::string error = first_error(responses); !error.empty()) {
+            promote_failed(key, "register: " + error, at);
+            return;
+          }
+          read_all(true, at, [this, key](const Reads& registered, Time read_at) {
+            if (!registered.ok()) {
+              promote_failed(key,
+                             "cannot read after registering: " + registered.errors(options_.lus),
+                             read_at);
+              return;
+            }
+            promote_take(key, registered, {}, 0, read_at);
+          });
+        });
+  });
 }
 
 // Where another key holds: PREEMPT it (that removes every registration of the old primary's key

@@ -67,30 +67,28 @@ void Resource::unfence_register(Time now) {
       }
     }
     key_ = key;
-    // A primary rejoining as a member re-keys the nexus that holds: what the target accepted under
-    // its older key is aborted first (shared mode's epoch-0 key never holds with another value).
-    abort_under_own_holder(
-        reads, key, read_at, [this, key](const std::string& aborting, const Reads&, Time from) {
-          if (!aborting.empty()) {
-            set_state(State::kReleased, "unfence failed: " + aborting);
-            end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + aborting),
-                from);
-            return;
-          }
-          set_state(State::kUnfencing, "registering " + key.to_string());
-          std::vector<pr::Request> requests = register_everywhere(key);
-          run(std::move(requests), from,
-              [this, key](const std::vector<pr::Response>& responses, Time at) {
-                note_late_registers(responses, at);
-                if (const std::string error = first_error(responses); !error.empty()) {
-                  set_state(State::kReleased, "unfence failed: " + error);
-                  end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error),
-                      at);
-                  return;
-                }
-                unfence_reserve(key, at);
-              });
-        });
+    // A primary rejoining as a member re-keys the nexus that holds: its writes under the older key
+    // must have finished first (shared mode's epoch-0 key never holds with another value).
+    drain_before_rekey(reads, key, read_at, [this, key](const std::string& draining, Time from) {
+      if (!draining.empty()) {
+        set_state(State::kReleased, "unfence failed: " + draining);
+        end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + draining), from);
+        return;
+      }
+      set_state(State::kUnfencing, "registering " + key.to_string());
+      std::vector<pr::Request> requests = register_everywhere(key);
+      run(std::move(requests), from,
+          [this, key](const std::vector<pr::Response>& responses, Time at) {
+            note_late_registers(responses, at);
+            if (const std::string error = first_error(responses); !error.empty()) {
+              set_state(State::kReleased, "unfence failed: " + error);
+              end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + error),
+                  at);
+              return;
+            }
+            unfence_reserve(key, at);
+          });
+    });
   });
 }
 

@@ -192,6 +192,16 @@ class Node {
     o.node_id = id_;
     o.check_interval = kCheckInterval;
     o.lease = kLease;
+    // The node's writes in flight: those the target holds from its nexuses (the tests submit
+    // writes to the target directly).
+    o.writes_in_flight = [this](const pr::LogicalUnit& unit) -> Result<std::uint64_t> {
+      const std::size_t lu = std::stoul(unit.name.substr(2));
+      std::uint64_t writes = 0;
+      for (std::size_t p = 0; p < unit.paths.size(); ++p) {
+        writes += target_.held_count(static_cast<LuId>(lu), nexus_of(id_, lu, p));
+      }
+      return writes;
+    };
     return o;
   }
 

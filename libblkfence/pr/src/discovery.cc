@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <iterator>
+#include <optional>
+#include <set>
 #include <system_error>
 
 #include <sys/stat.h>
@@ -275,6 +277,52 @@ Result<std::vector<LogicalUnit>> discover(const std::vector<std::string>& names,
     }
   }
   return lus;
+}
+
+namespace {
+
+// The write count of /sys/class/block/NAME/inflight ("READS WRITES"), or nothing when it cannot be
+// read or parsed.
+std::optional<std::uint64_t> inflight_writes(const fs::path& block_dir) {
+  const std::string text = read_text(block_dir / "inflight");
+  unsigned long long reads = 0;
+  unsigned long long writes = 0;
+  char extra = 0;
+  if (std::sscanf(text.c_str(), "%llu %llu %c", &reads, &writes, &extra) != 2) {
+    return std::nullopt;
+  }
+  return writes;
+}
+
+}  // namespace
+
+Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu, const DiscoveryEnv& env) {
+  const fs::path block = fs::path(env.sysfs_root) / "class/block";
+  std::vector<std::string> pending;
+  for (const Path& path : lu.paths) {
+    if (!path.sd.empty()) {
+      pending.push_back(fs::path(path.sd).filename().string());
+    }
+  }
+  std::set<std::string> seen;
+  std::uint64_t total = 0;
+  while (!pending.empty()) {
+    const std::string name = pending.back();
+    pending.pop_back();
+    if (!seen.insert(name).second) {
+      continue;  // a map over two paths of the LU is counted once
+    }
+    const auto writes = inflight_writes(block / name);
+    if (!writes) {
+      return fail(ErrorCode::kOs, "cannot read " + (block / name / "inflight").string() +
+                                      " (the device went away?): its writes in flight are unknown");
+    }
+    total += *writes;
+    for (std::string& holder : list_dir(block / name / "holders")) {
+      pending.push_back(std::move(holder));
+    }
+  }
+  return total;
 }
 
 }  // namespace blkfence::pr

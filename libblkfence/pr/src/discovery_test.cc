@@ -153,6 +153,50 @@ TEST_F(FakeSysfs, MultipathMapYieldsItsSlaves) {
   EXPECT_EQ((*lus)[0].paths[1].sg, dev("sg1"));
 }
 
+// Before a re-key of its own holding nexus the daemon waits for the node's writes on the LU
+// (docs/protocol.md, "Re-keying a holding nexus"): each path's disk and every device stacked on
+// it (a multipath map over both, LVM on the map) count once; reads do not count; a disk that went
+// away is an error, never zero.
+TEST_F(FakeSysfs, WritesInFlightSumThePathsAndEveryDeviceStackedOnThem) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x07);
+  add_scsi_disk("1:0:1:0", "sdb", 16, "sg1", 1, 0x07);
+  const auto set_inflight = [&](const std::string& name, const std::string& text) {
+    std::ofstream(root_ / "sys/class/block" / name / "inflight") << text;
+  };
+  const auto stack = [&](const std::string& holder, const std::vector<std::string>& below) {
+    const fs::path dir = root_ / "sys/devices/virtual/block" / holder;
+    fs::create_directories(dir / "holders");
+    fs::create_directory_symlink(dir, root_ / "sys/class/block" / holder);
+    for (const auto& name : below) {
+      fs::create_directories(root_ / "sys/class/block" / name / "holders");
+      fs::create_directory_symlink(dir, root_ / "sys/class/block" / name / "holders" / holder);
+    }
+  };
+  stack("dm-0", {"sda", "sdb"});  // the multipath map
+  stack("dm-1", {"dm-0"});        // a logical volume on it
+  set_inflight("sda", "       5        2\n");
+  set_inflight("sdb", "       0        1\n");
+  set_inflight("dm-0", "       3        4\n");
+  set_inflight("dm-1", "       0        8\n");
+  const auto lus = discover({dev("sda"), dev("sdb")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ(lus->size(), 1U);
+  const auto writes = writes_in_flight((*lus)[0], env_);
+  ASSERT_TRUE(writes.has_value()) << writes.error().message();
+  EXPECT_EQ(*writes, 2U + 1U + 4U + 8U);
+
+  set_inflight("dm-1", "       0        0\n");
+  set_inflight("dm-0", "       0        0\n");
+  set_inflight("sda", "       7        0\n");
+  set_inflight("sdb", "       0        0\n");
+  EXPECT_EQ(writes_in_flight((*lus)[0], env_).value_or(99), 0U);
+
+  fs::remove(root_ / "sys/class/block/sdb/inflight");
+  const auto gone = writes_in_flight((*lus)[0], env_);
+  ASSERT_FALSE(gone.has_value());
+  EXPECT_NE(gone.error().message().find("sdb/inflight"), std::string::npos);
+}
+
 TEST_F(FakeSysfs, ByIdLinkResolves) {
   add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x03);
   fs::create_symlink("../../sda", root_ / "dev/disk/by-id/wwn-0x6001405b1f0ce0000000000000000003");

@@ -574,6 +574,13 @@ std::size_t SimTarget::held_count(LuId lu) const {
   return impl_->lu(lu).tasks.size();
 }
 
+std::size_t SimTarget::held_count(LuId lu, NexusId nexus) const {
+  const auto& tasks = impl_->lu(lu).tasks;
+  return static_cast<std::size_t>(
+      std::count_if(tasks.begin(), tasks.end(),
+                    [nexus](const auto& entry) { return entry.second.nexus == nexus; }));
+}
+
 bool SimTarget::aptpl_active(LuId lu) const {
   return impl_->lu(lu).aptpl_active;
 }

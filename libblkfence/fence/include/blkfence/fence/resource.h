@@ -83,6 +83,14 @@ struct ResourceOptions {
   std::chrono::nanoseconds lease{std::chrono::seconds(5)};
   int keys_every = 4;         // READ KEYS every this many monitor rounds
   int verify_rounds_max = 3;  // preempt-others/verify rounds before an acquire gives up
+  // The writes this node has in flight on a LU (with its current paths): issued through any of
+  // its paths, or any block device stacked on them, and not yet completed. Before a REGISTER
+  // re-keys a nexus that holds with an older key of ours, they must be none (docs/protocol.md,
+  // "Re-keying a holding nexus"). Unset: the node cannot tell, and such a re-key waits drain_wait,
+  // then fails.
+  std::function<Result<std::uint64_t>(const pr::LogicalUnit& lu)> writes_in_flight;
+  // How long that re-key waits for them before its operation fails with what is still in flight.
+  std::chrono::nanoseconds drain_wait{std::chrono::seconds(60)};
 };
 
 enum class EventKind : std::uint8_t {
@@ -229,12 +237,13 @@ class Resource {
   void run(std::vector<pr::Request> requests, Time now,
            std::function<void(std::vector<pr::Response>, Time)> then);
   void read_all(bool with_keys, Time now, ReadsDone then);
-  // Before a REGISTER of key where reads showed an older key of ours holding: aborts what the
-  // target accepted under that key and reads again; then(error, reads) with an empty error when
-  // nothing is left queued under it, and the reads to go on from (the given ones when nothing
-  // was sent).
-  using AbortedDone = std::function<void(const std::string&, Reads, Time)>;
-  void abort_under_own_holder(Reads reads, Key key, Time now, AbortedDone then);
+  // Before a REGISTER of key where reads showed an older key of ours holding: waits until this
+  // node has no write in flight on those LUs (at most drain_wait); then(error) with an empty error
+  // once there is none, else with what is still in flight.
+  void drain_before_rekey(const Reads& reads, Key key, Time now,
+                          std::function<void(const std::string&, Time)> then);
+  void drain_look(std::vector<std::size_t> lus, Time deadline, Time now,
+                  std::function<void(const std::string&, Time)> then);
   bool refuse(Mode mode, Time now, Done& done);
   void begin(Op op, Done done);
   void end(Result<Key> result, Time now);
@@ -390,6 +399,7 @@ class Resource {
   // acquire, unfence or promote waiting for that moment (after_registers_settle).
   std::optional<Time> registers_settle_;
   std::optional<std::pair<Time, std::function<void(Time)>>> settling_;
+  std::optional<std::pair<Time, std::function<void(Time)>>> draining_;  // drain_look's next look
   Time settle_look_{0};  // while settling_: when to look again whether the transport got them back
   Counters counters_;
 };

@@ -206,6 +206,8 @@ class SimTarget {
   std::uint32_t generation(LuId lu) const;
   std::vector<UnitAttention> unit_attentions(LuId lu, NexusId nexus) const;
   std::size_t held_count(LuId lu) const;
+  // Those held from one nexus.
+  std::size_t held_count(LuId lu, NexusId nexus) const;
   // The last REGISTER (or REGISTER AND MOVE) set APTPL and the APTPL file was written.
   bool aptpl_active(LuId lu) const;
   void set_ptpl_capable(LuId lu, bool capable);
