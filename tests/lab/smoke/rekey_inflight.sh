@@ -24,6 +24,11 @@
 #     (/sys/block/NAME/inflight), as blkfenced does (docs/protocol.md, "Re-keying a holding
 #     nexus"). A's writes have left the backend before the re-key, the witnesses carry A's texts
 #     right after B's preempt, and nothing of A's lands after it.
+#   daemon-mutant, daemon: the same with blkfenced on both nodes (below, run_daemon_case): A
+#     acquires, its writes go in flight, A releases and acquires again (a re-key of its holding
+#     nexus), B acquires. blkfenced waits for A's writes before the re-key, says so in its status,
+#     and nothing of A's lands after B's acquire returned; built with the rekey_without_drain
+#     mutant it re-keys at once, and A's writes land after B's acquire returned.
 #   Aborting A's writes instead, with a PREEMPT AND ABORT of K1 by A through its only nexus,
 #   wedges LIO's iSCSI target on Debian 12's 6.1 (TAS on, LIO's default; docs/reference/lio.md
 #   §6), and with TAS off lets A's initiator resend the writes, stamped K1 again, when the backend
@@ -32,19 +37,22 @@
 # Prints each PR command's duration, what A's writers saw and when, the writes at the backend at
 # each step, and the kernel's log of the commands each PREEMPT AND ABORT aborted (dynamic debug of
 # target_core_tmr.c) and of A's connection.
-#   usage: rekey_inflight.sh [notas] [CASE...]   (CASE: control, drain; default both)
+#   usage: rekey_inflight.sh [notas] [CASE...]   (CASE: control, drain, daemon-mutant, daemon;
+#   default all four)
 #   notas builds the LU with attrib/emulate_tas 0 (LIO takes it only before the LU is exported).
 #   REKEY_DELAY_MS overrides the write delay (default 10000: under TCG each process start costs
 #   about 0.3 s, and A's writes must still be in flight when B's preempt returns).
 set -u
 . "$BLKFENCE_LAB_REPO/tests/lab/lib/guest.sh"
+# shellcheck source=tests/lab/daemon/lib.sh
+. "$BLKFENCE_LAB_REPO/tests/lab/daemon/lib.sh"
 delay_ms=${REKEY_DELAY_MS:-10000}
 tas=1
 cases=()
 for arg; do
   if [[ $arg == notas ]]; then tas=0; else cases+=("$arg"); fi
 done
-((${#cases[@]})) || cases=(control drain)
+((${#cases[@]})) || cases=(control drain daemon-mutant daemon)
 [[ $LAB_FABRIC == iscsi ]] || { lab_not_ok "rekey_inflight.sh needs the iscsi fabric (PREEMPT AND ABORT deadlocks over tcm_loop)"; lab_done; exit; }
 k1=0x7265000100000001 k2=0x7265000100000002 k3=0x7265000200000003
 writers=4 witnesses=(2 3) b_first=0 b_count=2
@@ -80,7 +88,7 @@ cleanup() {
   [[ -n $loopdev ]] && losetup -d "$loopdev" 2>/dev/null
   rm -rf "$img" "$work"
 }
-trap cleanup EXIT
+trap 'bf_stop A; bf_stop B; bf_save_logs; cleanup' EXIT
 
 # The timeline in milliseconds since the check started, without a process (lab_log runs awk, and
 # each process start costs about 0.3 s under TCG, while A's writes are held DELAY_MS).
@@ -159,7 +167,9 @@ await() {
   for ((try = 0; try < tries; try++)); do "$@" && return 0; sleep 0.05; done
   return 1
 }
-writers_ended() { [[ -z $(jobs -rp) ]]; }
+# writers_ended CASE: each of A's writers of CASE wrote its end file (the daemons are jobs of this
+# shell too, so `jobs` cannot tell).
+writers_ended() { local w; for ((w = 0; w < writers; w++)); do [[ -f $work/$1.end.$w ]] || return 1; done; }
 # a_writes_done DEV: the kernel counts no write in flight on DEV (/sys/block/NAME/inflight: reads,
 # writes).
 a_writes_done() { local w; read -r _ w <"/sys/block/${1#/dev/}/inflight" && ((w == 0)); }
@@ -282,7 +292,7 @@ run_case() {
 
   # A's writers end by themselves: each write completes, fails, or is retried by the initiator.
   local ended=1
-  await 3600 writers_ended || ended=0
+  await 3600 writers_ended "$case" || ended=0
   lab_expect_eq "$case: every writer of A ended within 180 s" "$ended" 1
   await 400 backend_has 0
   for ((w = 0; w < writers; w++)); do
@@ -329,6 +339,130 @@ run_case() {
   return 0
 }
 
+# The same with blkfenced on both nodes (tests/lab/daemon/lib.sh), resource "db" on the delayed LU
+# by its sd name, PREEMPT AND ABORT: A acquires (K1), its four writes go in flight, A releases
+# (the gate closes; K1 keeps the reservation) and acquires again, which re-keys the holding nexus;
+# then B acquires. daemon: A's acquire says in its status that it waits for A's writes, returns
+# only once they have left the backend, and nothing of A's lands after B's acquire returned.
+# daemon-mutant: blkfenced built with the rekey_without_drain mutant re-keys at once, and A's
+# writes land after B's acquire returned: the check sees the window when the wait is missing.
+# daemon_config NODE ID DEV: NODE's configuration.
+daemon_config() {
+  mkdir -p "$BF/$1/state" "$BF/$1/run"
+  cat >"$BF/$1/blkfence.toml" <<TOML
+cluster = "lab"
+node_id = $2
+state_dir = "$BF/$1/state"
+run_dir = "$BF/$1/run"
+
+[[resource]]
+name = "db"
+devices = ["$3"]
+preempt = "preempt-and-abort"
+check_interval = "500ms"
+lease = "3s"
+command_timeout = "2s"
+on_fenced = "none"
+TOML
+}
+
+# ctl_timed DESCRIPTION NODE ARGS...: blkfencectl as a check, its duration on the timeline.
+ctl_timed() {
+  local desc=$1 node=$2 t0=${EPOCHREALTIME/./} out rc
+  shift 2
+  out=$(bf_ctl "$node" "$@" 2>&1)
+  rc=$?
+  say "$desc: $(((${EPOCHREALTIME/./} - t0) / 1000)) ms: $out"
+  if ((rc == 0)); then lab_ok "$desc"; else lab_not_ok "$desc (exit $rc): $out"; return 1; fi
+}
+
+run_daemon_case() {
+  local case=$1 first=$2 binary=$BLKFENCED a=${dev[1]} b=${dev[2]} w k done0 waited=0 s1 final
+  local -a clean_texts=() b_texts=() s1_blocks=() final_blocks=()
+  [[ $case == daemon-mutant ]] && binary=${BLKFENCED_MUTANT_REKEY:?BLKFENCED_MUTANT_REKEY must name the mutant blkfenced}
+  echo "--- $case: blocks $first-$((first + writers - 1)), writes held $delay_ms ms, A runs ${binary##*/}"
+  for ((k = 0; k < writers; k++)); do clean_texts[k]="clean $case"; done
+  for ((k = 0; k < b_count; k++)); do b_texts[k]="B $case"; done
+  if ! { block_file "$work/$case.clean" "${clean_texts[@]}" && block_file "$work/$case.b" "${b_texts[@]}" &&
+    mark "$first" "$work/$case.clean"; }; then
+    lab_not_ok "$case: marking the blocks clean failed"
+    return 1
+  fi
+  rm -rf "$BF"
+  daemon_config A 1 "$a" && daemon_config B 2 "$b"
+  bf_start A "$binary" >"$work/start.A" 2>&1 || { lab_not_ok "$case: A's daemon starts: $(cat "$work/start.A")"; return 1; }
+  bf_start B >"$work/start.B" 2>&1 || { lab_not_ok "$case: B's daemon starts: $(cat "$work/start.B")"; return 1; }
+  ctl_timed "$case: A acquires" A acquire db || return 1
+  done0=$(backend_done)
+  writer_pids=()
+  for ((w = 0; w < writers; w++)); do
+    (
+      lab_write "$a" $((first + w)) "A $case writer $w" >"$work/$case.err.$w"
+      echo "$? $(now_ms)" >"$work/$case.end.$w"
+    ) &
+    writer_pids+=($!)
+  done
+  await 200 backend_has "$writers" ||
+    { lab_not_ok "$case: A's $writers writes in flight at the backend: $(backend_inflight) are"; return 1; }
+  say "$case: A's $writers writes in flight at the backend"
+  ctl_timed "$case: A releases (its key keeps the reservation)" A release db || return 1
+  # In the background, so that the status can be read meanwhile; its check is made below.
+  (
+    t0=${EPOCHREALTIME/./}
+    bf_ctl A acquire db >"$work/$case.acquire" 2>&1
+    echo "$? $(((${EPOCHREALTIME/./} - t0) / 1000))" >"$work/$case.acquire.rc"
+  ) &
+  local acquire_pid=$! rc ms
+  if [[ $case == daemon ]]; then
+    await 200 status_says_waiting && waited=1
+    lab_expect_eq "$case: A's status says it waits for its writes in flight" "$waited" 1
+  fi
+  wait "$acquire_pid"
+  read -r rc ms <"$work/$case.acquire.rc"
+  say "$case: A's second acquire (re-keys its holding nexus): exit $rc after $ms ms: $(cat "$work/$case.acquire")"
+  lab_expect_eq "$case: A's second acquire succeeded" "$rc" 0
+  if [[ $case == daemon ]]; then
+    lab_expect_eq "$case: A's writes had all left the backend when its acquire returned" \
+      "$(($(backend_done) - done0))" "$writers"
+  else
+    lab_expect_eq "$case: A's writes were still held at the backend when its acquire returned" \
+      "$(backend_inflight)" "$writers"
+  fi
+  ctl_timed "$case: B acquires (PREEMPT AND ABORT of A's new key)" B acquire db || return 1
+  read_blocks "$b" "$first" "$work/$case.s1" || lab_not_ok "$case: reading the blocks right after B's acquire failed"
+  dd if="$work/$case.b" of="$b" bs=$((b_count * 4096)) seek=$(((first + b_first) / b_count)) oflag=direct \
+    status=none 2>"$work/$case.b.err" || lab_not_ok "$case: B's write failed: $(cat "$work/$case.b.err")"
+  s1=$(blocks "$work/$case.s1")
+  say "$case: the blocks right after B's acquire: $s1"
+  await 3600 writers_ended "$case" || lab_not_ok "$case: A's writers did not end within 180 s"
+  await 400 backend_has 0
+  read_blocks "$b" "$first" "$work/$case.final" || lab_not_ok "$case: reading the blocks at the end failed"
+  final=$(blocks "$work/$case.final")
+  say "$case: the blocks once A's writers ended: $final"
+  IFS='|' read -r -a s1_blocks <<<"$s1"
+  IFS='|' read -r -a final_blocks <<<"$final"
+  for k in "${witnesses[@]}"; do
+    if [[ $case == daemon ]]; then
+      lab_expect_eq "$case: nothing of A's landed on block $((first + k)) after B's acquire returned" \
+        "${final_blocks[k]:-}" "${s1_blocks[k]:-}"
+    else
+      lab_expect_eq "$case: block $((first + k)) read clean right after B's acquire" "${s1_blocks[k]:-}" "clean $case"
+      lab_expect_eq "$case: A's write landed on block $((first + k)) after B's acquire returned" \
+        "${final_blocks[k]:-}" "A $case writer $k"
+    fi
+  done
+  lab_expect_key "$case: B holds" "$(bf_field B db key 2>/dev/null)" lab_holder_key "$b"
+  bf_stop A
+  bf_stop B
+  lab_pr --out --register-ignore --param-sark=0x1 "$b" >/dev/null &&
+    lab_pr --out --clear --param-rk=0x1 "$b" >/dev/null
+  return 0
+}
+status_says_waiting() {
+  local status
+  status=$(bf_ctl A status db 2>/dev/null) && [[ $status == *"waiting for this node's writes"* ]]
+}
+
 step "the delayed LU is built (dm-delay, writes held ${delay_ms} ms)" make_lu
 step "node A logs in to portal group 3" login a
 step "node B logs in to portal group 3" login b
@@ -345,7 +479,8 @@ first=0
 for c in "${cases[@]}"; do
   case $c in
     control | drain) run_case "$c" "$first" ;;
-    *) lab_not_ok "unknown case '$c' (control, drain, notas)" ;;
+    daemon | daemon-mutant) run_daemon_case "$c" "$first" ;;
+    *) lab_not_ok "unknown case '$c' (control, drain, daemon, daemon-mutant, notas)" ;;
   esac
   first=$((first + 16))
 done
