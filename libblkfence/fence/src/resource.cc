@@ -375,6 +375,12 @@ Result<void> Resource::load_epochs() {
 }
 
 Result<void> Resource::store_epochs(StoredEpochs epochs) {
+  // A store that failed may have reached the disk all the same (one the daemon stopped waiting for
+  // completes later): each store writes at least what any before it tried to, so the file never
+  // goes down, whatever a store reported (docs/protocol.md, S3).
+  epochs.used = std::max(epochs.used, attempted_.used);
+  epochs.seen = std::max(epochs.seen, attempted_.seen);
+  attempted_ = epochs;
   if (auto stored = epochs_.store(options_.name, epochs); !stored) {
     return stored;
   }

@@ -268,6 +268,59 @@ class CountingStore final : public EpochStore {
   std::size_t stores = 0;
 };
 
+// A store that did not report success may have reached the disk all the same: the daemon gives up
+// waiting for a store after a bound, and the store completes later. Here the armed store writes
+// and then fails; every write is kept, in order.
+class LateStore final : public EpochStore {
+ public:
+  Result<std::optional<StoredEpochs>> load(const std::string& resource) override {
+    return memory.load(resource);
+  }
+  Result<void> store(const std::string& resource, StoredEpochs epochs) override {
+    written.push_back(epochs);
+    (void)memory.store(resource, epochs);
+    if (late) {
+      late = false;
+      return fail(ErrorCode::kOs,
+                  "storing RESOURCE.epoch: not done after 500 ms (a stalled disk?)");
+    }
+    return {};
+  }
+  std::string where(const std::string& resource) const override { return memory.where(resource); }
+
+  MemoryEpochStore memory;
+  bool late = false;
+  std::vector<StoredEpochs> written;
+};
+
+// The file never goes down, whatever a store reported: A's second acquire draws an epoch E and its
+// store reaches the disk but reports a failure (the acquire fails, nothing is registered); then B
+// holds with epoch E and A's monitor stores that rise. Without remembering the failed store, A
+// would write "E-1 E" over "E E", the epoch it last used going down.
+TEST_F(EpochsTest, AStoreThatFailedButReachedTheDiskIsNeverWrittenOver) {
+  LateStore late;
+  a->boot(a->options(), &late);
+  const Key first = acquired(*a);
+  ASSERT_EQ(first.epoch(), 1U);
+  Outcome* released = a->release();
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  late.late = true;
+  Outcome* again = a->acquire();
+  ASSERT_TRUE(run_until([&] { return again->done(); }));
+  ASSERT_FALSE(again->result->has_value());
+  const std::uint32_t drawn = late.written.back().used;  // on the disk, though the store failed
+  const std::size_t before = late.written.size();
+  ASSERT_TRUE(b->store.store("pgdata", {.used = drawn - 1, .seen = drawn - 1}).has_value());
+  b->boot(b->options());
+  ASSERT_EQ(acquired(*b).epoch(), drawn);
+  run_for(milliseconds(1000));
+  for (std::size_t i = 1; i < late.written.size(); ++i) {
+    EXPECT_GE(late.written[i].used, late.written[i - 1].used) << "store " << i;
+    EXPECT_GE(late.written[i].seen, late.written[i - 1].seen) << "store " << i;
+  }
+  EXPECT_GT(late.written.size(), before) << "A's monitor stored the rise it saw";
+}
+
 // B holds with epoch 41; A only starts and reads it. The target then forgets every registration
 // (a CLEAR; a power cycle without APTPL is the same to the protocol): A's next acquire still draws
 // above 41, from its own disk.

@@ -358,6 +358,7 @@ class Resource {
   // Every LU reported PTPL_C: REGISTER with APTPL=1. nullopt while a LU has not answered.
   std::optional<bool> aptpl_;
   std::optional<StoredEpochs> stored_;  // what the node's disk holds; nullopt while it has no file
+  StoredEpochs attempted_;              // the highest of every store tried, whatever it reported
   std::uint32_t epoch_store_failed_ = 0;  // the highest seen epoch the monitor failed to store
   std::optional<std::uint64_t> fenced_by_;
   std::string detail_;
