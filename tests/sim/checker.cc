@@ -439,14 +439,16 @@ std::optional<std::uint64_t> holder_when_accepted(const Run& run, const Replay& 
 }
 
 // Primary mode: a write accepted before the fence, marked with a key the fence's PREEMPT AND ABORT
-// does not abort: none (the LU was unreserved) or another node's (the victim was a member under
-// that node's reservation). Never a key of the victim's own: an older key of its own that held
-// was aborted before the victim re-keyed the holding nexus (docs/protocol.md, "Re-keying a
-// holding nexus"), and its current key is what the fence aborts.
+// does not abort: none (the LU was unreserved), another node's (the victim was a member under that
+// node's reservation), or a newer key of the victim's (a promote removes the old primary's stale
+// keys before its holder key, and a write through a stale key's nexus is marked with the holder's).
+// Never an older key of the victim's, or the removed one: the victim re-keys a holding nexus only
+// once its writes under the older key are done (docs/protocol.md, "Re-keying a holding nexus").
 bool marked_beyond_the_abort(const Run& run, const Replay& replayed, const WriteRecord& write,
-                             std::uint16_t victim) {
+                             std::uint16_t victim, std::uint64_t removed) {
   const auto mark = holder_when_accepted(run, replayed, write);
-  return !mark || cluster_of_key(*mark) != run.cluster_id || node_of_key(*mark) != victim;
+  return !mark || cluster_of_key(*mark) != run.cluster_id || node_of_key(*mark) != victim ||
+         epoch_of_key(*mark) > epoch_of_key(removed);
 }
 
 // A target without APTPL lost power after the fence and forgot its PR state: the LU has had no
@@ -524,7 +526,7 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
             (unfenced_between(run, issue->second.node, removal->record->at, write.at) ||
              !replayed.holder_at(write.lu, write.sequence) ||
              (run.primary && write.accepted_at < removal->record->at &&
-              marked_beyond_the_abort(run, replayed, write, issue->second.node)))) &&
+              marked_beyond_the_abort(run, replayed, write, issue->second.node, removal->key)))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second) &&
           !forgotten_since(run, replayed, *removal->record, write)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);

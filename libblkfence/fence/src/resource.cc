@@ -376,16 +376,22 @@ Result<void> Resource::load_epochs() {
 
 Result<void> Resource::store_epochs(StoredEpochs epochs) {
   // A store that failed may have reached the disk all the same (one the daemon stopped waiting for
-  // completes later): each store writes at least what any before it tried to, so the file never
-  // goes down, whatever a store reported (docs/protocol.md, S3).
+  // completes later; a rename done before the directory's fsync failed): each store writes at
+  // least what any before it may have written, so the file never goes down, whatever a store
+  // reported (docs/protocol.md, S3); and the next draw is above it, so the epoch last used on disk
+  // is never above the key this node registers next. A store refused before it began (the
+  // previous one still running) wrote nothing.
   epochs.used = std::max(epochs.used, attempted_.used);
   epochs.seen = std::max(epochs.seen, attempted_.seen);
-  attempted_ = epochs;
-  if (auto stored = epochs_.store(options_.name, epochs); !stored) {
+  auto stored = epochs_.store(options_.name, epochs);
+  if (stored || stored.error().code() != ErrorCode::kBusy) {
+    attempted_ = epochs;
+    high_water_ = std::max(high_water_, epochs.high_water());
+  }
+  if (!stored) {
     return stored;
   }
   stored_ = epochs;
-  high_water_ = std::max(high_water_, epochs.high_water());
   return {};
 }
 

@@ -93,7 +93,7 @@ void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
   drain_before_rekey(reads, key, now,
                      [this, key, round, reads](const std::string& draining, Time from) mutable {
                        if (!draining.empty()) {
-                         acquire_failed(key, draining, from);
+                         acquire_not_registered(key, draining, from);
                          return;
                        }
                        if (cancelled_) {
@@ -459,6 +459,20 @@ void Resource::release_keeping(Key key, bool held, Time now) {
   emit(EventKind::kReleased, detail_);
   key_.reset();
   end(key, now);
+}
+
+// An acquire that ends before it sent anything of its new key (its wait for the node's writes
+// ended): nothing to read back or take back; the older key keeps the reservation, gate closed.
+void Resource::acquire_not_registered(Key key, const std::string& why, Time now) {
+  ++counters_.acquire_failures;
+  std::string detail = "acquire with " + key.to_string() + " failed: " + why;
+  if (auto given_up = give_up(key); !given_up) {
+    detail += "; and storing the epoch failed: " + given_up.error().message();
+  }
+  set_state(State::kReleased, detail);
+  end(fail(cancelled_ ? ErrorCode::kCancelled : ErrorCode::kIndeterminate,
+           "resource " + options_.name + ": " + detail),
+      now);
 }
 
 Result<void> Resource::give_up(Key key) {

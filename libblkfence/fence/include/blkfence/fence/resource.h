@@ -280,6 +280,7 @@ class Resource {
   void acquire_verify(Key key, int round, Time now);
   void acquire_succeeded(Key key, Time verified_since, Time now);
   void acquire_failed(Key key, std::string why, Time now);
+  void acquire_not_registered(Key key, const std::string& why, Time now);
   void release_keeping(Key key, bool held, Time now);
   Result<void> give_up(Key key);
   void note_uncertain(const std::vector<pr::Response>& responses,
