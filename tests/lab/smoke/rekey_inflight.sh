@@ -231,6 +231,26 @@ kernel_log() {
   }'
 }
 
+# start_writers CASE FIRST DEV: A's writers, one write of one block each from FIRST on, each
+# leaving its exit status and end time in $work/CASE.end.W; returns once all are in flight at the
+# backend (fails, saying so, when they are not).
+start_writers() {
+  local case=$1 first=$2 a=$3 w
+  writer_pids=()
+  for ((w = 0; w < writers; w++)); do
+    (
+      lab_write "$a" $((first + w)) "A $case writer $w" >"$work/$case.err.$w"
+      echo "$? $(now_ms)" >"$work/$case.end.$w"
+    ) &
+    writer_pids+=($!)
+  done
+  if ! await 200 backend_has "$writers"; then
+    lab_not_ok "$case: A's $writers writes in flight at the backend: $(backend_inflight) are"
+    return 1
+  fi
+  say "$case: A's $writers writes in flight at the backend"
+}
+
 run_case() {
   local case=$1 first=$2 a=${dev[1]} b=${dev[2]} w k pr_ms dmesg_from done0 t_b at_b s1 final
   local -a clean_texts=() b_texts=() s1_blocks=() final_blocks=() want=()
@@ -247,20 +267,8 @@ run_case() {
   pr "$case: A reserves type 5 with K1" lab_pr --out --reserve --param-rk="$k1" --prout-type=5 "$a" || return 1
 
   done0=$(backend_done)
-  writer_pids=()
-  for ((w = 0; w < writers; w++)); do
-    (
-      lab_write "$a" $((first + w)) "A $case writer $w" >"$work/$case.err.$w"
-      echo "$? $(now_ms)" >"$work/$case.end.$w"
-    ) &
-    writer_pids+=($!)
-  done
-  if ! await 200 backend_has "$writers"; then
-    lab_not_ok "$case: A's $writers writes in flight at the backend: $(backend_inflight) are"
-    return 1
-  fi
+  start_writers "$case" "$first" "$a" || return 1
   lab_ok "$case: A's $writers writes are in flight at the backend, accepted while K1 held"
-  say "$case: A's $writers writes in flight at the backend"
 
   if [[ $case == drain ]]; then
     # What blkfenced does before it re-keys a holding nexus of its own (docs/protocol.md,
@@ -394,17 +402,7 @@ run_daemon_case() {
   bf_start B >"$work/start.B" 2>&1 || { lab_not_ok "$case: B's daemon starts: $(cat "$work/start.B")"; return 1; }
   ctl_timed "$case: A acquires" A acquire db || return 1
   done0=$(backend_done)
-  writer_pids=()
-  for ((w = 0; w < writers; w++)); do
-    (
-      lab_write "$a" $((first + w)) "A $case writer $w" >"$work/$case.err.$w"
-      echo "$? $(now_ms)" >"$work/$case.end.$w"
-    ) &
-    writer_pids+=($!)
-  done
-  await 200 backend_has "$writers" ||
-    { lab_not_ok "$case: A's $writers writes in flight at the backend: $(backend_inflight) are"; return 1; }
-  say "$case: A's $writers writes in flight at the backend"
+  start_writers "$case" "$first" "$a" || return 1
   ctl_timed "$case: A releases (its key keeps the reservation)" A release db || return 1
   # In the background, so that the status can be read meanwhile; its check is made below.
   (
