@@ -452,6 +452,19 @@ void Resource::note_epochs(const Reads& reads) {
   }
 }
 
+// S3: what did come back of a read that failed counts too. A restarted daemon may read another
+// node's key on one LU just before a target that forgets its PR state loses it; without this, its
+// next draw could repeat that epoch. Stored where the file was read and found; otherwise (a first
+// start or a lost file, decided only once every LU answers) kept in memory, so the next draw of
+// this run is above it.
+void Resource::note_epochs_of_failed_read(const Reads& reads) {
+  if (stored_) {
+    note_epochs(reads);
+  } else {
+    high_water_ = std::max(high_water_, seen_epoch(reads));
+  }
+}
+
 // --- start ---------------------------------------------------------------------------------------
 
 void Resource::start(Time now) {
@@ -537,6 +550,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
     return;  // acquire refuses without its epochs (S3); status still reads the LUs
   }
   if (!reads.ok()) {
+    note_epochs_of_failed_read(reads);
     std::string detail = "cannot read the LUs: " + reads.errors(options_.lus);
     if (!stored_) {
       // docs/protocol.md, S3: a first start, or a lost file if a key of ours is on the LUs; which

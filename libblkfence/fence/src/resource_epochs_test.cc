@@ -342,6 +342,37 @@ TEST_F(EpochsTest, AnEpochSeenFromAnotherNodeOutlivesATargetThatForgets) {
   EXPECT_GT(acquired(*a).epoch(), 41U);
 }
 
+// The same when A's read fails half-way: A (restarted, its file holding epoch 3) reads B's key of
+// epoch 41 in READ KEYS while its READ RESERVATION gets no answer, so its start ends unknown. The
+// target then forgets every registration: what did come back still counts, stored on A's disk, and
+// A's next acquire, after a restart too, draws above 41.
+TEST_F(EpochsTest, AnEpochSeenByAReadThatFailedStillCounts) {
+  ASSERT_TRUE(b->store.store("pgdata", {.used = 40, .seen = 40}).has_value());
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  ASSERT_EQ(key_b.epoch(), 41U);
+  ASSERT_TRUE(a->store.store("pgdata", {.used = 3, .seen = 3}).has_value());
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = c.command.cdb[0] == 0x5e && (c.command.cdb[1] & 0x1f) == 0x01;
+    return fault;  // READ RESERVATION only: READ KEYS answers
+  };
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  ASSERT_EQ(a->resource->state(), State::kUnknown);
+  EXPECT_EQ(a->seen_epoch(), 41U) << "stored from the READ KEYS that answered";
+  b->crash();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_clear(key_b.value()));
+  }
+  a->crash();
+  a->faults = nullptr;
+  a->boot(a->options());
+  EXPECT_GT(acquired(*a).epoch(), 41U);
+}
+
 // The monitor's reads store a rise too, once: a key of the cluster with a higher epoch appears on
 // the LUs while A holds; A stores it at the next round that reads keys, and not again after.
 TEST_F(EpochsTest, TheMonitorStoresARiseOnceAndOnlyARise) {

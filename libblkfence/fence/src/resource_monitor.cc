@@ -125,11 +125,10 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
     ++counters_.check_failures;
     if (state_ == State::kUnknown) {
       detail_ = "cannot read the LUs: " + reads.errors(options_.lus);
-    } else {
-      // S3: what did come back counts. A node in lost contact may see the new holder's key on
-      // the one LU it can read, just before a target that forgets its PR state loses it.
-      note_epochs(reads);
     }
+    // S3: what did come back counts. A node in lost contact may see the new holder's key on the
+    // one LU it can read, just before a target that forgets its PR state loses it.
+    note_epochs_of_failed_read(reads);
     // A read that failed proves nothing, but one that came back and shows our key gone does,
     // whatever became of the others: the gate closes at this round, not at the lease's end.
     if ((state_ == State::kHeld || state_ == State::kUnfenced || state_ == State::kLostContact) &&

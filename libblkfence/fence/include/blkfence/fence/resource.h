@@ -269,6 +269,7 @@ class Resource {
   [[nodiscard]] Result<void> remember_epochs(const Reads& reads, std::uint32_t used_floor = 0);
   std::uint32_t seen_epoch(const Reads& reads) const;
   void note_epochs(const Reads& reads);
+  void note_epochs_of_failed_read(const Reads& reads);
   std::string not_held(const Reads& reads, std::uint32_t stored) const;
 
   // resource_acquire.cc: acquire and release (exclusive).
