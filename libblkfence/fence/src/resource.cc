@@ -107,12 +107,61 @@ std::uint32_t Resource::highest_epoch(const Reads& reads) const {
       seen.push_back(*holder);
     }
     for (const std::uint64_t k : seen) {
-      if (Key::cluster_of(k) == options_.cluster_id) {
+      if (Key::cluster_of(k) == options_.cluster_id && !Key::epoch_reserved(Key::epoch_of(k))) {
         epoch = std::max(epoch, Key::epoch_of(k));
       }
     }
   }
   return epoch;
+}
+
+// The keys of this cluster the reads show with an epoch blkfence never draws, as "LU: key".
+std::vector<std::string> Resource::stray_keys(const Reads& reads) const {
+  std::vector<std::string> strays;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+    std::vector<std::uint64_t> keys =
+        reads.lus[i].keys ? reads.lus[i].keys->keys : std::vector<std::uint64_t>{};
+    if (const auto holder = reads.holder(i)) {
+      keys.push_back(*holder);
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    for (const std::uint64_t k : keys) {
+      if (Key::cluster_of(k) == options_.cluster_id && Key::epoch_reserved(Key::epoch_of(k))) {
+        strays.push_back(options_.lus[i].name + ": " + Key::format(k));
+      }
+    }
+  }
+  return strays;
+}
+
+// The epoch of a new key (S3): one above highest_epoch(reads). what names the operation in the
+// errors. Refused while a stray key of the cluster is on a LU: its epoch is above every epoch a
+// draw may take, so no key drawn could outrank it, and taking a LU from it would hand out a token
+// below a key that was there first; it must be removed by hand (docs/protocol.md, "The top of the
+// epoch space").
+Result<std::uint32_t> Resource::draw_epoch(const Reads& reads, const std::string& what) const {
+  if (const std::vector<std::string> strays = stray_keys(reads); !strays.empty()) {
+    std::string listed;
+    for (const std::string& stray : strays) {
+      listed += (listed.empty() ? "" : ", ") + stray;
+    }
+    return fail(ErrorCode::kInvalidArgument,
+                what + " of " + options_.name + ": a key of this cluster with an epoch above " +
+                    std::to_string(Key::kEpochDrawMax) +
+                    ", which blkfence never draws, is on the LUs (" + listed +
+                    "); it is no node's token: remove it (blkfencectl device preempt --victim "
+                    "KEY, from a registered host) and try again");
+  }
+  const std::uint32_t highest = highest_epoch(reads);
+  if (highest >= Key::kEpochDrawMax) {
+    return fail(ErrorCode::kInvalidArgument,
+                what + " of " + options_.name + ": the epoch space is exhausted (epoch " +
+                    std::to_string(highest) +
+                    " reached); stop every node, CLEAR the LUs and remove every node's " +
+                    epochs_.where(options_.name));
+  }
+  return highest + 1;
 }
 
 bool Resource::ours(std::uint64_t key) const {
@@ -370,6 +419,11 @@ Result<void> Resource::load_epochs() {
     return tl::unexpected(loaded.error());
   }
   stored_ = *loaded;
+  if (stored_ && Key::epoch_reserved(stored_->seen)) {
+    // Written by a release that stored a stray key's epoch as seen (no node drew it): what the
+    // stray hid is lost, the node's own is what is left.
+    stored_->seen = stored_->used;
+  }
   high_water_ = std::max(high_water_, stored_ ? stored_->high_water() : 0U);
   return {};
 }
@@ -429,7 +483,7 @@ std::uint32_t Resource::seen_epoch(const Reads& reads) const {
       keys.push_back(*holder);
     }
     for (const std::uint64_t k : keys) {
-      if (Key::cluster_of(k) == options_.cluster_id) {
+      if (Key::cluster_of(k) == options_.cluster_id && !Key::epoch_reserved(Key::epoch_of(k))) {
         seen = std::max(seen, Key::epoch_of(k));
       }
     }
@@ -585,7 +639,9 @@ void Resource::probe_read(const Reads& reads, Time now) {
       if (const auto holder = reads.holder(i)) {
         keys.push_back(*holder);
       }
-      std::erase_if(keys, [this](std::uint64_t k) { return !ours(k); });
+      std::erase_if(keys, [this](std::uint64_t k) {
+        return !ours(k) || Key::epoch_reserved(Key::epoch_of(k));  // a stray is not ours
+      });
       mine = newest_of(keys, mine);
     }
     if (mine) {
@@ -593,7 +649,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
       // release): this start does not adopt it as the exclusive or primary token, nor will the
       // next.
       const std::uint32_t epoch = Key::epoch_of(*mine);
-      used_floor = epoch == UINT32_MAX ? epoch : epoch + 1;
+      used_floor = epoch + 1;  // at most kEpochDrawMax + 1: the space ends there
       note = epochs_.where(options_.name) + " was missing while key " + Key::format(*mine) +
              " of this node is on the LUs";
     }

@@ -64,15 +64,13 @@ void Resource::acquire(Time now, Done done) {
 // Draws the epoch from what reads showed (S3: above every key of this cluster seen and the stored
 // high-water mark), stores it, and registers the new key on every path.
 void Resource::acquire_draw(Reads reads, int round, Time at) {
-  std::uint32_t epoch = highest_epoch(reads);
-  if (epoch == UINT32_MAX) {
-    set_state(State::kReleased, "the epoch space is exhausted");
-    end(fail(ErrorCode::kInvalidArgument,
-             "acquire of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),
-        at);
+  const Result<std::uint32_t> epoch = draw_epoch(reads, "acquire");
+  if (!epoch) {
+    set_state(State::kReleased, epoch.error().message());
+    end(tl::unexpected(epoch.error()), at);
     return;
   }
-  const Key key = key_for(mutant::kNoEpochBump && epoch > 0 ? epoch : epoch + 1);
+  const Key key = key_for(mutant::kNoEpochBump && *epoch > 1 ? *epoch - 1 : *epoch);
   // S3: durable before the key exists anywhere, so no restart can reuse it.
   if (auto stored_epoch = store_drawn(key.epoch()); !stored_epoch) {
     set_state(State::kReleased, "cannot store the epoch");
@@ -478,7 +476,7 @@ void Resource::acquire_not_registered(Key key, const std::string& why, Time now)
 Result<void> Resource::give_up(Key key) {
   // Only the epoch last used decides adoption: a higher epoch seen (a member's key in primary mode)
   // does not give this key up.
-  if (key.epoch() == UINT32_MAX || (stored_ && stored_->used > key.epoch())) {
+  if (Key::epoch_reserved(key.epoch()) || (stored_ && stored_->used > key.epoch())) {
     return {};  // nothing above it can be adopted; the exhausted space refuses acquires anyway
   }
   const std::uint32_t seen = stored_ ? stored_->seen : 0;

@@ -428,6 +428,97 @@ TEST_F(EpochsTest, APrimaryWhoseMembersOutrankItIsAdoptedAfterARestart) {
   EXPECT_EQ(b->resource->key(), primary);
 }
 
+// --- the top of the epoch space (docs/protocol.md)
+// ---------------------------------------------------------------------
+
+class TopOfEpochSpaceTest : public EpochsTest, public ::testing::WithParamInterface<Operation> {
+ protected:
+  Outcome* run_operation(Node& node) {
+    switch (GetParam()) {
+      case Operation::kAcquire: return node.acquire();
+      case Operation::kPromote: return node.promote();
+      case Operation::kUnfence: return node.unfence();
+    }
+    return nullptr;
+  }
+};
+
+// A key of the cluster with epoch 0xffffffff, registered by a host that is no node (typed by hand):
+// the operation refuses before it draws or sends anything, naming the key; the epoch is never
+// stored as seen, by the operation or the monitor; once the key is gone, the same operation draws
+// epoch 1, so the stray did not end the epoch space.
+TEST_P(TopOfEpochSpaceTest, AStrayKeyIsRefusedByNameAndNeverStored) {
+  const NexusId stranger = nexus_of(9, 0, 0);
+  const Key stray = key_of(7, 0xffffffff);
+  register_directly(stranger, 0, stray.value());
+  a->boot(options_for(*a, GetParam()));
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  if (GetParam() == Operation::kPromote) {
+    Outcome* joined = a->unfence();  // blocked too: a member draws in primary mode
+    ASSERT_TRUE(run_until([&] { return joined->done(); }));
+    ASSERT_FALSE(joined->result->has_value());
+  }
+  const std::size_t before = sent.size();
+  Outcome* refused = run_operation(*a);
+  ASSERT_TRUE(run_until([&] { return refused->done(); }));
+  ASSERT_FALSE(refused->result->has_value());
+  const std::string message = refused->result->error().message();
+  EXPECT_NE(message.find("lu0: " + stray.to_string()), std::string::npos) << message;
+  EXPECT_NE(message.find("never draws"), std::string::npos) << message;
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  const std::uint64_t rounds = a->resource->counters().checks;
+  ASSERT_TRUE(run_until([&] { return a->resource->counters().checks > rounds + 3; }));
+  EXPECT_EQ(a->seen_epoch(), 0U) << "the stray's epoch is not stored";
+  EXPECT_EQ(a->resource->epoch_high_water(), 0U);
+
+  prout_directly(stranger, 0, codec::prout_register(stray.value(), 0));
+  if (GetParam() == Operation::kPromote) {
+    Outcome* joined = a->unfence();
+    ASSERT_TRUE(run_until([&] { return joined->done(); }));
+    ASSERT_TRUE(joined->result->has_value()) << joined->result->error().message();
+  }
+  Outcome* done = run_operation(*a);
+  ASSERT_TRUE(run_until([&] { return done->done(); }));
+  ASSERT_TRUE(done->result->has_value()) << done->result->error().message();
+  EXPECT_EQ((*done->result)->epoch(), GetParam() == Operation::kPromote ? 2U : 1U);
+}
+
+// The last epoch a draw may take is Key::kEpochDrawMax: past it every draw refuses and says how to
+// start the space again, without sending anything.
+TEST_P(TopOfEpochSpaceTest, TheSpaceEndsBelowTheReservedTopAndSaysHowToRestart) {
+  ASSERT_TRUE(a->store.store("pgdata", {.used = Key::kEpochDrawMax, .seen = Key::kEpochDrawMax})
+                  .has_value());
+  a->boot(options_for(*a, GetParam()));
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  const std::size_t before = sent.size();
+  Outcome* refused = run_operation(*a);
+  ASSERT_TRUE(run_until([&] { return refused->done(); }));
+  ASSERT_FALSE(refused->result->has_value());
+  EXPECT_NE(refused->result->error().message().find("the epoch space is exhausted"),
+            std::string::npos)
+      << refused->result->error().message();
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+}
+
+// A file an earlier release wrote with a stray's epoch as seen: the stray hid what was seen before
+// it, and what the node used itself is what is left to draw above.
+TEST_F(EpochsTest, AFileWithAStraysEpochAsSeenDrawsAboveTheNodesOwn) {
+  ASSERT_TRUE(a->store.store("pgdata", {.used = 5, .seen = 0xffffffff}).has_value());
+  a->boot(a->options());
+  EXPECT_EQ(acquired(*a).epoch(), 6U);
+}
+
+INSTANTIATE_TEST_SUITE_P(Operations, TopOfEpochSpaceTest,
+                         ::testing::Values(Operation::kAcquire, Operation::kPromote,
+                                           Operation::kUnfence),
+                         [](const ::testing::TestParamInfo<Operation>& param_info) {
+                           return name_of(param_info.param);
+                         });
+
 // --- APTPL (docs/protocol.md)
 // ---------------------------------------------------------------------
 

@@ -59,11 +59,9 @@ void Resource::promote(Time now, Done done) {
 // S3 as in acquire: the new epoch is above every key of this cluster seen and the stored
 // high-water mark, and durable before the key exists anywhere.
 void Resource::promote_draw(const Reads& reads, Time now) {
-  std::uint32_t epoch = highest_epoch(reads);
-  if (epoch == UINT32_MAX) {
-    end(fail(ErrorCode::kInvalidArgument,
-             "promote of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),
-        now);
+  Result<std::uint32_t> epoch = draw_epoch(reads, "promote");
+  if (!epoch) {
+    end(tl::unexpected(epoch.error()), now);
     return;
   }
   if (cancelled_) {
@@ -74,9 +72,9 @@ void Resource::promote_draw(const Reads& reads, Time now) {
     return;
   }
   if constexpr (mutant::kPromoteNoEpochBump) {
-    epoch -= epoch > 0 ? 1 : 0;
+    *epoch -= *epoch > 1 ? 1U : 0U;
   }
-  const Key key = key_for(epoch + 1);
+  const Key key = key_for(*epoch);
   if (auto stored = store_drawn(key.epoch()); !stored) {
     end(tl::unexpected(stored.error()), now);
     return;

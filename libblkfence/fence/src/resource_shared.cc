@@ -51,15 +51,13 @@ void Resource::unfence_register(Time now) {
     // LUs, and no key is ever registered twice (S3).
     Key key = key_for(0);
     if (options_.primary) {
-      const std::uint32_t epoch = highest_epoch(reads);
-      if (epoch == UINT32_MAX) {
-        set_state(State::kReleased, "unfence failed: the epoch space is exhausted");
-        end(fail(ErrorCode::kInvalidArgument,
-                 "unfence of " + options_.name + ": epoch 0xffffffff reached; CLEAR the LUs"),
-            read_at);
+      const Result<std::uint32_t> epoch = draw_epoch(reads, "unfence");
+      if (!epoch) {
+        set_state(State::kReleased, "unfence failed: " + epoch.error().message());
+        end(tl::unexpected(epoch.error()), read_at);
         return;
       }
-      key = key_for(epoch + 1);
+      key = key_for(*epoch);
       if (auto stored = store_drawn(key.epoch()); !stored) {
         set_state(State::kReleased, "unfence failed: cannot store the epoch");
         end(tl::unexpected(stored.error()), read_at);

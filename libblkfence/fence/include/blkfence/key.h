@@ -25,6 +25,11 @@ class Key {
  public:
   static constexpr std::uint16_t kNodeIdMin = 1;
   static constexpr std::uint16_t kNodeIdMax = 0xffff;
+  // The highest epoch blkfence draws. The 65 536 above it are never drawn, so a key of the
+  // cluster with one of them is a stray (typed by hand, another tool's, corrupted), the token of
+  // no node: it counts for nothing in a draw and is never stored as seen, so it cannot end the
+  // epoch space for good (docs/protocol.md, "The top of the epoch space").
+  static constexpr std::uint32_t kEpochDrawMax = 0xfffeffff;
 
   // A key from its fields; node_id must be in [kNodeIdMin, kNodeIdMax].
   [[nodiscard]] static Result<Key> make(std::uint16_t cluster_id, std::uint16_t node_id,
@@ -45,6 +50,7 @@ class Key {
   static constexpr std::uint32_t epoch_of(std::uint64_t value) {
     return static_cast<std::uint32_t>(value);
   }
+  static constexpr bool epoch_reserved(std::uint32_t epoch) { return epoch > kEpochDrawMax; }
   // Any key value (0 included) as to_string() prints a key.
   static std::string format(std::uint64_t value);
 

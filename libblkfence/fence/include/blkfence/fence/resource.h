@@ -255,6 +255,8 @@ class Resource {
   Key key_for(std::uint32_t epoch) const;
   bool ours(std::uint64_t key) const;
   std::uint32_t highest_epoch(const Reads& reads) const;
+  std::vector<std::string> stray_keys(const Reads& reads) const;
+  [[nodiscard]] Result<std::uint32_t> draw_epoch(const Reads& reads, const std::string& what) const;
   bool outranks(std::uint64_t other, Key key) const;
   void probe_read(const Reads& reads, Time now);
   void read_capabilities(Time now, std::function<void(Time)> then);
