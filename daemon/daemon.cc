@@ -180,7 +180,12 @@ DaemonEnv system_daemon_env() {
       .epochs =
           [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); },
       .writes_in_flight = [env = pr::system_discovery_env()](
-                              const pr::LogicalUnit& lu) { return pr::writes_in_flight(lu, env); }};
+                              const pr::LogicalUnit& lu) { return pr::writes_in_flight(lu, env); },
+      .check_identity =
+          [env = pr::system_discovery_env()](const transport::DeviceNumber& node,
+                                             const std::string& device, const std::string& wwn) {
+            return pr::check_identity(node, device, wwn, env);
+          }};
 }
 
 std::chrono::milliseconds epoch_store_wait(const Config& config) {
@@ -234,6 +239,7 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env
     policy.command_timeout = std::min(policy.command_timeout, resource.command_timeout);
   }
   daemon->engine_ = std::make_unique<pr::Engine>(*daemon->transport_, policy);
+  daemon->engine_->check_identity_with(env.check_identity);
   // Off the loop, waited for at most epoch_store_wait(): a stalled fsync must not stop the
   // monitors (epoch_worker.h).
   daemon->epochs_ = std::make_unique<BoundedEpochStore>(

@@ -71,6 +71,9 @@ struct DaemonEnv {
   // The writes this host has in flight on a LU (pr::writes_in_flight on /sys): a re-key of the
   // node's own holding nexus waits for none (docs/protocol.md, "Re-keying a holding nexus").
   std::function<Result<std::uint64_t>(const pr::LogicalUnit& lu)> writes_in_flight;
+  // Whether a path opened (again) reaches its LU (pr::check_identity on /sys); unset, nothing is
+  // checked (pr::Engine::check_identity_with()).
+  pr::Engine::IdentityCheck check_identity;
 };
 // How long that re-key waits for them: longer than the SCSI midlayer's default command timeout
 // (30 s) and one retry, so that a write that will never complete has been failed by the kernel by

@@ -276,7 +276,9 @@ class SimDevices {
         .epochs =
             [](const std::string& state_dir) { return fence::make_file_epoch_store(state_dir); },
         // The simulated LUs have no block device, and nothing writes to them but the tests.
-        .writes_in_flight = [](const pr::LogicalUnit&) -> Result<std::uint64_t> { return 0; }};
+        .writes_in_flight = [](const pr::LogicalUnit&) -> Result<std::uint64_t> { return 0; },
+        // The simulated transport has no device nodes to check.
+        .check_identity = nullptr};
   }
 
   transport::SimTarget& target() { return target_; }

@@ -116,7 +116,8 @@ Request read_keys_request(const LogicalUnit& lu) {
   return Request{.devices = devices_of(lu),
                  .command = prin_command(codec::PrInAction::kReadKeys, kReadKeysAllocation),
                  .is_read = true,
-                 .what = "READ KEYS"};
+                 .what = "READ KEYS",
+                 .wwn = lu.wwn};
 }
 
 Request report_capabilities_request(const LogicalUnit& lu) {
@@ -124,7 +125,8 @@ Request report_capabilities_request(const LogicalUnit& lu) {
       .devices = devices_of(lu),
       .command = prin_command(codec::PrInAction::kReportCapabilities, kCapabilitiesAllocation),
       .is_read = true,
-      .what = "REPORT CAPABILITIES"};
+      .what = "REPORT CAPABILITIES",
+      .wwn = lu.wwn};
 }
 
 Request read_reservation_request(const LogicalUnit& lu) {
@@ -132,7 +134,8 @@ Request read_reservation_request(const LogicalUnit& lu) {
       .devices = devices_of(lu),
       .command = prin_command(codec::PrInAction::kReadReservation, codec::kPrInAllocationLengthMin),
       .is_read = true,
-      .what = "READ RESERVATION"};
+      .what = "READ RESERVATION",
+      .wwn = lu.wwn};
 }
 
 std::vector<Request> prout_every_path(const LogicalUnit& lu, const codec::PrOutCommand& prout,
@@ -142,7 +145,8 @@ std::vector<Request> prout_every_path(const LogicalUnit& lu, const codec::PrOutC
     requests.push_back(Request{.devices = {command_device(path)},
                                .command = prout_command(prout),
                                .is_read = false,
-                               .what = what});
+                               .what = what,
+                               .wwn = lu.wwn});
   }
   return requests;
 }
@@ -153,8 +157,11 @@ Request prout_first_path(const LogicalUnit& lu, const codec::PrOutCommand& prout
   if (!lu.paths.empty()) {
     devices.push_back(command_device(lu.paths.front()));
   }
-  return Request{
-      .devices = devices, .command = prout_command(prout), .is_read = false, .what = what};
+  return Request{.devices = devices,
+                 .command = prout_command(prout),
+                 .is_read = false,
+                 .what = what,
+                 .wwn = lu.wwn};
 }
 
 std::vector<LuResult<codec::ReadKeys>> Client::read_keys(const std::vector<LogicalUnit>& lus) {
@@ -200,7 +207,8 @@ std::vector<LuResult<codec::FullStatus>> Client::read_full_status(
         Request{.devices = devices_of(lu),
                 .command = prin_command(codec::PrInAction::kReadFullStatus, kFullStatusAllocation),
                 .is_read = true,
-                .what = "READ FULL STATUS"});
+                .what = "READ FULL STATUS",
+                .wwn = lu.wwn});
   }
   return decode_each<codec::FullStatus>(run(std::move(requests)), [](const auto& data) {
     return codec::decode_read_full_status(data);

@@ -297,6 +297,60 @@ TEST_F(ClientTest, AnFdWhoseDeviceWasRemovedIsClosedAndTheNameOpenedAgain) {
   EXPECT_EQ(transport_->open_paths(), 2U);
 }
 
+// A LU's device went away and its name came back on another LU (the kernel reuses a freed sg
+// minor). The engine opens the name again and checks what it reaches before sending anything: a PR
+// OUT fails without reaching the other LU, the fd is not kept, a read fails over to the LU's next
+// path; once the name reaches its LU again, it is used again.
+TEST_F(ClientTest, ANameThatNowReachesAnotherLuIsCheckedAndNotUsed) {
+  bool removed = false;
+  use_faults([&](const FaultContext& c) {
+    Fault fault;
+    fault.os_errno = removed && c.nexus == kNexusA1 ? ENODEV : 0;
+    return fault;
+  });
+  std::vector<std::string> checked;
+  client_->check_identity_with([&](const transport::DeviceNumber& node, const std::string& device,
+                                   const std::string& wwn) -> Result<void> {
+    checked.push_back(device);
+    const std::string reached = node.minor == lus_[0] ? "lu0" : "lu1";
+    if (reached != wwn) {
+      return tl::unexpected(Error::os(ENODEV, device + " is LU " + reached + " now"));
+    }
+    return {};
+  });
+  ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
+  EXPECT_EQ(checked, std::vector<std::string>{"/dev/sg-a0-1"}) << "checked when first opened";
+
+  removed = true;  // the device goes; the engine closes its fd at the ENODEV
+  ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
+  removed = false;
+  constexpr transport::NexusId kNexusOther = 9;
+  target_.move_path("/dev/sg-a0-1", lus_[1], kNexusOther);
+
+  const std::size_t open_before = transport_->open_paths();
+  const auto registered = client_->register_and_ignore({a_[0]}, kKeyA);
+  ASSERT_FALSE(registered[0].value.has_value());
+  EXPECT_NE(registered[0].value.error().message().find("/dev/sg-a0-1 is LU lu1 now"),
+            std::string::npos)
+      << registered[0].value.error().message();
+  EXPECT_EQ(registered[0].value.error().errno_value(), ENODEV);
+  EXPECT_TRUE(keys_on(1).empty()) << "nothing reached the other LU";
+  EXPECT_EQ(keys_on(0), std::vector<std::uint64_t>{kKeyA}) << "the LU's other path registered";
+  EXPECT_EQ(transport_->open_paths(), open_before) << "the other LU's fd is not kept";
+
+  const auto keys = client_->read_keys({a_[0]});
+  ASSERT_TRUE(keys[0].value.has_value()) << keys[0].value.error().message();
+  EXPECT_EQ(keys[0].attempts.back().device, "/dev/sg-a0-2");
+
+  target_.move_path("/dev/sg-a0-1", lus_[0], kNexusA1);
+  const LogicalUnit first_path_only{
+      .wwn = a_[0].wwn, .name = a_[0].name, .paths = {a_[0].paths[0]}};
+  const auto again = client_->read_keys({first_path_only});
+  ASSERT_TRUE(again[0].value.has_value()) << again[0].value.error().message();
+  EXPECT_EQ(std::count(checked.begin(), checked.end(), "/dev/sg-a0-1"), 3)
+      << "checked at every open: the first, the other LU's, its own LU's again";
+}
+
 // A PR OUT whose answer never comes may still execute where it was sent (S4): it is indeterminate
 // and never sent again through another device, even one its request lists, and even when a read
 // of the same LU failed over from that path just before.

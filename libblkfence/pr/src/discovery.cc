@@ -325,4 +325,22 @@ Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu, const DiscoveryEnv
   return total;
 }
 
+Result<void> check_identity(const transport::DeviceNumber& node, const std::string& device,
+                            const std::string& wwn, const DiscoveryEnv& env) {
+  const fs::path link = fs::path(env.sysfs_root) / "dev" / (node.is_char ? "char" : "block") /
+                        (std::to_string(node.major) + ":" + std::to_string(node.minor)) / "device";
+  std::error_code ec;
+  const fs::path device_dir = fs::canonical(link, ec);
+  if (ec || !is_scsi_device(device_dir)) {
+    return tl::unexpected(Error::os(
+        ENODEV, device + ": its SCSI device is gone (" + link.string() + "); expected LU " + wwn));
+  }
+  if (std::string now = lu_identity(device_dir, device_dir.filename().string()); now != wwn) {
+    return tl::unexpected(Error::os(ENODEV, device + " is LU " + now + " now, not LU " + wwn +
+                                                " (the name was reused after the LU's device "
+                                                "went away): nothing is sent through it"));
+  }
+  return {};
+}
+
 }  // namespace blkfence::pr

@@ -197,6 +197,44 @@ TEST_F(FakeSysfs, WritesInFlightSumThePathsAndEveryDeviceStackedOnThem) {
   EXPECT_NE(gone.error().message().find("sdb/inflight"), std::string::npos);
 }
 
+// What a path's fd reaches is checked by its device number: sg and sd of the LU pass; once the LU's
+// device is gone and another took its minors, the same numbers name the other LU and fail, naming
+// both; with no device behind the numbers at all, they fail too. All with ENODEV.
+TEST_F(FakeSysfs, CheckIdentityFollowsTheDeviceNumberNotTheName) {
+  add_scsi_disk("2:0:0:0", "sda", 0, "sg0", 0, 0x11);
+  const auto lus = discover({dev("sg0")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  const std::string wwn = (*lus)[0].wwn;
+  const transport::DeviceNumber sg0{.is_char = true, .major = 21, .minor = 0};
+  const transport::DeviceNumber sda{.is_char = false, .major = 8, .minor = 0};
+  EXPECT_TRUE(check_identity(sg0, dev("sg0"), wwn, env_).has_value());
+  EXPECT_TRUE(check_identity(sda, dev("sda"), wwn, env_).has_value());
+
+  fs::remove_all(root_ / "sys/devices/platform/host2/2:0:0:0");
+  fs::remove(root_ / "sys/dev/char/21:0");
+  fs::remove(root_ / "sys/dev/block/8:0");
+  fs::remove(root_ / "sys/class/block/sda");
+  fs::remove_all(root_ / "sys/class/scsi_device/2:0:0:0");
+  const auto gone = check_identity(sg0, dev("sg0"), wwn, env_);
+  ASSERT_FALSE(gone.has_value());
+  EXPECT_EQ(gone.error().errno_value(), ENODEV);
+  EXPECT_NE(gone.error().message().find("its SCSI device is gone"), std::string::npos)
+      << gone.error().message();
+
+  add_scsi_disk("2:0:1:0", "sda", 0, "sg0", 0, 0x22);
+  const auto other = discover({dev("sg0")}, env_);
+  ASSERT_TRUE(other.has_value()) << other.error().message();
+  ASSERT_NE((*other)[0].wwn, wwn);
+  const auto reused = check_identity(sg0, dev("sg0"), wwn, env_);
+  ASSERT_FALSE(reused.has_value());
+  EXPECT_EQ(reused.error().errno_value(), ENODEV);
+  EXPECT_NE(reused.error().message().find(dev("sg0") + " is LU " + (*other)[0].wwn +
+                                          " now, not LU " + wwn),
+            std::string::npos)
+      << reused.error().message();
+  EXPECT_FALSE(check_identity(sda, dev("sda"), wwn, env_).has_value());
+}
+
 TEST_F(FakeSysfs, ByIdLinkResolves) {
   add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x03);
   fs::create_symlink("../../sda", root_ / "dev/disk/by-id/wwn-0x6001405b1f0ce0000000000000000003");

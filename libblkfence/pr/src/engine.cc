@@ -64,14 +64,25 @@ Engine::Engine(transport::Transport& transport, RetryPolicy policy)
 
 Engine::~Engine() = default;
 
-Result<transport::PathId> Engine::path_for(const std::string& device) {
+// An open path stays checked: its fd pins the device node, which cannot name another device until
+// the fd is closed (forget()), after which the name is opened, and checked, again.
+Result<transport::PathId> Engine::path_for(const std::string& device, const std::string& wwn) {
   if (const auto it = paths_.find(device); it != paths_.end()) {
     return it->second;
   }
   auto path = transport_.open_path(device);
-  if (path) {
-    paths_.emplace(device, *path);
+  if (!path) {
+    return path;
   }
+  if (check_identity_ && !wwn.empty()) {
+    if (const auto node = transport_.device_of(*path)) {
+      if (auto same = check_identity_(*node, device, wwn); !same) {
+        transport_.close_path(*path);
+        return tl::unexpected(same.error());
+      }
+    }
+  }
+  paths_.emplace(device, *path);
   return path;
 }
 
@@ -174,7 +185,7 @@ void Engine::submit(Batch& batch, std::size_t index, Time now) {
   slot.resubmit_at.reset();
   while (slot.candidate < request.devices.size()) {
     const std::string& device = request.devices[slot.candidate];
-    auto path = path_for(device);
+    auto path = path_for(device, request.wwn);
     Result<void> submitted = path ? Result<void>{} : tl::unexpected(path.error());
     if (path) {
       transport::Command command = request.command;
@@ -192,9 +203,11 @@ void Engine::submit(Batch& batch, std::size_t index, Time now) {
     batch.responses[index].attempts.push_back(Attempt{
         .device = device, .outcome = Outcome::kOsError, .sense = std::nullopt, .latency = {}});
     if (!request.is_read || slot.candidate + 1 == request.devices.size()) {
+      const std::string what = request.what + " on " + submitted.error().message();
       finish(batch, index,
-             tl::unexpected(Error(submitted.error().code(),
-                                  request.what + " on " + submitted.error().message())));
+             tl::unexpected(submitted.error().errno_value() != 0
+                                ? Error::os(submitted.error().errno_value(), what)
+                                : Error(submitted.error().code(), what)));
       return;
     }
     ++slot.candidate;

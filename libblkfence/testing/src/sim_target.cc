@@ -514,6 +514,11 @@ void SimTarget::add_path(const std::string& device, LuId lu, NexusId nexus) {
   BLKFENCE_ASSERT(added);
 }
 
+void SimTarget::move_path(const std::string& device, LuId lu, NexusId nexus) {
+  impl_->lu(lu).known.insert(nexus);
+  impl_->paths_.insert_or_assign(device, SimPath{lu, nexus});
+}
+
 std::optional<SimPath> SimTarget::find_path(const std::string& device) const {
   const auto it = impl_->paths_.find(device);
   if (it == impl_->paths_.end()) {

@@ -302,6 +302,14 @@ void SimTransport::close_path(PathId path) {
   }
 }
 
+std::optional<DeviceNumber> SimTransport::device_of(PathId path) const {
+  const auto it = core_->paths.find(path);
+  if (it == core_->paths.end() || !it->second.open) {
+    return std::nullopt;
+  }
+  return DeviceNumber{.is_char = true, .major = 0, .minor = it->second.lu};
+}
+
 std::size_t SimTransport::open_paths() const {
   return static_cast<std::size_t>(std::count_if(core_->paths.begin(), core_->paths.end(),
                                                 [](const auto& path) { return path.second.open; }));

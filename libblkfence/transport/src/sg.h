@@ -13,6 +13,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct OpenedDevice {
   bool is_sg = false;
 };
 [[nodiscard]] Result<OpenedDevice> open_device(const std::string& device);
+// What fstat says of an open device fd (Transport::device_of()); nullopt if it fails.
+std::optional<DeviceNumber> device_number_of(int fd);
 
 // SPC-4 4.5.1: sense data is at most 252 bytes (8 + an ADDITIONAL SENSE LENGTH of 244). sg copies
 // at most SCSI_SENSE_BUFFERSIZE (96) today; the buffer takes what any kernel may give.

@@ -137,4 +137,13 @@ Result<OpenedDevice> open_device(const std::string& device) {
   return OpenedDevice{.fd = std::move(fd), .is_sg = is_sg};
 }
 
+std::optional<DeviceNumber> device_number_of(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || (!S_ISCHR(st.st_mode) && !S_ISBLK(st.st_mode))) {
+    return std::nullopt;
+  }
+  return DeviceNumber{
+      .is_char = S_ISCHR(st.st_mode), .major = ::major(st.st_rdev), .minor = ::minor(st.st_rdev)};
+}
+
 }  // namespace blkfence::transport::detail

@@ -215,6 +215,11 @@ class SgioTransport final : public TransportImpl {
     return id;
   }
 
+  std::optional<DeviceNumber> device_of(PathId path_id) const override {
+    const auto it = paths_.find(path_id);
+    return it == paths_.end() ? std::nullopt : device_number_of(it->second->fd.get());
+  }
+
   void close_path(PathId path_id) override {
     if (paths_.erase(path_id) == 0) {
       return;  // running jobs still hold the fd; it closes after the last one returns

@@ -1,10 +1,12 @@
 // Proves make_transport() picks io_uring when the kernel allows it and SG_IO on request, and that
 // run_batch() returns completions in submission order with the callers' tags although they finish
 // in another order, refuses a transport that has other commands in flight, and reports a failed
-// submit only after reaping what it had already submitted.
+// submit only after reaping what it had already submitted; and that both transports name the device
+// node a path's fd is on.
 #include <map>
 #include <thread>
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
 
@@ -30,6 +32,27 @@ TEST(MakeTransport, AutoPrefersIoUring) {
   const auto sgio = make_transport(TransportKind::kSgio);
   ASSERT_TRUE(sgio.has_value());
   EXPECT_EQ((*sgio)->name(), "sg_io");
+}
+
+// Both transports say which device node a path's fd is on (a character device here, /dev/null:
+// 1:3), and nothing for a closed path.
+TEST(DeviceOf, NamesTheNodeThePathsFdIsOn) {
+  std::vector<std::unique_ptr<detail::TransportImpl>> transports;
+  if (auto uring = detail::make_uring_transport({})) {
+    transports.push_back(std::move(*uring));
+  }
+  transports.push_back(detail::make_sgio_transport({}).value());
+  for (const auto& transport : transports) {
+    const PathId path =
+        transport->open_path_fd(UniqueFd(::open("/dev/null", O_RDWR | O_CLOEXEC)), "null").value();
+    const auto node = transport->device_of(path);
+    ASSERT_TRUE(node.has_value()) << transport->name();
+    EXPECT_TRUE(node->is_char);
+    EXPECT_EQ(node->major, 1U);
+    EXPECT_EQ(node->minor, 3U);
+    transport->close_path(path);
+    EXPECT_FALSE(transport->device_of(path).has_value()) << transport->name();
+  }
 }
 
 TEST(RunBatch, ReturnsSubmissionOrderWhateverTheCompletionOrder) {

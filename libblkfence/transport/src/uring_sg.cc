@@ -214,6 +214,14 @@ class UringTransport final : public TransportImpl {
     return id;
   }
 
+  std::optional<DeviceNumber> device_of(PathId path_id) const override {
+    const auto it = paths_.find(path_id);
+    if (it == paths_.end() || it->second->closed) {
+      return std::nullopt;
+    }
+    return device_number_of(it->second->fd.get());
+  }
+
   void close_path(PathId path_id) override {
     const auto it = paths_.find(path_id);
     if (it == paths_.end() || it->second->closed) {

@@ -78,6 +78,11 @@ class Client {
   using Response = pr::Response;
   std::vector<Response> run(std::vector<Request> requests);
 
+  // Engine::check_identity_with().
+  void check_identity_with(Engine::IdentityCheck check) {
+    engine_.check_identity_with(std::move(check));
+  }
+
  private:
   Engine engine_;
 };

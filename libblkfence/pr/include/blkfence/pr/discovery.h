@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "blkfence/error.h"
+#include "blkfence/transport/transport.h"
 
 namespace blkfence::pr {
 
@@ -61,5 +62,13 @@ DiscoveryEnv system_discovery_env();
 // went away: what it had in flight is unknown). Paths without a disk count nothing.
 [[nodiscard]] Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu,
                                                      const DiscoveryEnv& env);
+
+// Checks that the path fd open on node reaches LU wwn (as discover() names LUs): the device the
+// node belongs to now, in sysfs, must be a SCSI device with that identity. A name such as /dev/sg3
+// is reused by the next device once its LU's device is gone and its last fd closed, so a name
+// opened again after its device went away may reach another LU. Fails with ENODEV, naming both.
+[[nodiscard]] Result<void> check_identity(const transport::DeviceNumber& node,
+                                          const std::string& device, const std::string& wwn,
+                                          const DiscoveryEnv& env);
 
 }  // namespace blkfence::pr

@@ -67,6 +67,9 @@ struct Request {
   // sent again it would act on a state nobody has read (REGISTER AND IGNORE EXISTING KEY would
   // register a key that was just preempted).
   bool stop_when_preempted = false;
+  // The LU the devices must reach (LogicalUnit::wwn); with an identity check set, a device opened
+  // (again) is checked against it before anything is sent (Engine::check_identity_with()).
+  std::string wwn;
 };
 
 // The data-in of the attempt that succeeded, or the error of the last one; and every attempt.
@@ -109,6 +112,14 @@ class Engine {
   // Ends every open request with error (the transport broke), calling the callbacks.
   void fail_all(const Error& error, Time now);
 
+  // Checks every device the engine opens against its request's wwn before sending through it: a
+  // device whose identity differs is closed again and the attempt fails as a detached path (ENODEV)
+  // would; the next request naming it opens and checks it again. Unset (tests, the simulation) or
+  // where the transport has no device node, nothing is checked.
+  using IdentityCheck = std::function<Result<void>(
+      const transport::DeviceNumber& node, const std::string& device, const std::string& wwn)>;
+  void check_identity_with(IdentityCheck check) { check_identity_ = std::move(check); }
+
   // Closes the path to device, if it is open, and forgets what reads taught about it: the device
   // went away, or its name may now name another device. Its commands still in the kernel complete
   // as Transport::close_path() says. A later request that names the device opens it again.
@@ -129,7 +140,7 @@ class Engine {
     bool timed_out = false;      // its last read timed out, and no read has been answered since
   };
 
-  Result<transport::PathId> path_for(const std::string& device);
+  Result<transport::PathId> path_for(const std::string& device, const std::string& wwn);
   // The read's devices, the last that answered first and those whose last read timed out last;
   // otherwise in the caller's order.
   void order_for_read(std::vector<std::string>& devices) const;
@@ -143,6 +154,7 @@ class Engine {
   transport::Transport& transport_;
   RetryPolicy policy_;
   std::map<std::string, transport::PathId> paths_;
+  IdentityCheck check_identity_;
   // Every device a read was sent to and not forgotten since, like paths_.
   std::map<std::string, Standing> standing_;
   std::uint64_t next_answer_ = 1;

@@ -179,6 +179,9 @@ class SimTarget {
   std::size_t lu_count() const;
   // Maps a device name (e.g. "/dev/sg3") to a nexus of a LU; each name once.
   void add_path(const std::string& device, LuId lu, NexusId nexus);
+  // The name reaches another LU from now on, as a /dev/sgN name does once its device went away and
+  // a new device took its minor; paths opened before keep the LU they were opened on.
+  void move_path(const std::string& device, LuId lu, NexusId nexus);
   std::optional<SimPath> find_path(const std::string& device) const;
 
   // Executes a command now, as it reaches the LU through nexus.

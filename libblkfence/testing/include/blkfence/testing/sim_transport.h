@@ -115,6 +115,8 @@ class SimTransport final : public Transport {
   [[nodiscard]] Result<PathId> open_path(const std::string& device) override;
   // Everything in flight on the path completes at once as kIndeterminate; it may still execute.
   void close_path(PathId path) override;
+  // A made-up node: character major 0, the minor the LuId the path was opened on.
+  std::optional<DeviceNumber> device_of(PathId path) const override;
   [[nodiscard]] Result<void> submit(PathId path, Command command) override;
   [[nodiscard]] Result<std::size_t> reap(std::chrono::milliseconds wait,
                                          std::vector<Completion>& out) override;

@@ -74,6 +74,14 @@ struct Completion {
 // Per-path handle, valid until close_path().
 using PathId = std::uint32_t;
 
+// The device node a path's fd is open on: /sys/dev/char/MAJOR:MINOR (or block) names its device.
+// While the fd is open the node cannot name another device (sg frees a minor at the last close).
+struct DeviceNumber {
+  bool is_char = false;
+  unsigned major = 0;
+  unsigned minor = 0;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -89,6 +97,9 @@ class Transport {
   // buffers, and the fd, until the kernel returns them); commands still waiting in the transport's
   // queue were never sent and complete as kOsError with ECANCELED.
   virtual void close_path(PathId path) = 0;
+  // The device node an open path's fd is on; nullopt for a closed path, or where the transport
+  // has no device node (a simulated target).
+  virtual std::optional<DeviceNumber> device_of(PathId /*path*/) const { return std::nullopt; }
 
   // Queues a command on a path. Never blocks: beyond what the path accepts at once (sg.c: 16
   // outstanding per fd) commands wait in the transport's own queue.
