@@ -317,6 +317,14 @@ Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu, const DiscoveryEnv
       return fail(ErrorCode::kOs, "cannot read " + (block / name / "inflight").string() +
                                       " (the device went away?): its writes in flight are unknown");
     }
+    // blk-mq counts a request in inflight only when the queue accounts I/O (blk_do_io_stat():
+    // RQF_IO_STAT is set from queue/iostats), and device-mapper likewise: with it off, 0 means
+    // nothing.
+    if (read_text(block / name / "queue/iostats") == "0") {
+      return fail(ErrorCode::kNotSupported,
+                  "I/O accounting is off, so the writes in flight cannot be counted: " +
+                      (block / name / "queue/iostats").string() + " is 0 (write 1 to it)");
+    }
     total += *writes;
     for (std::string& holder : list_dir(block / name / "holders")) {
       pending.push_back(std::move(holder));

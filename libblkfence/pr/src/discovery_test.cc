@@ -191,6 +191,20 @@ TEST_F(FakeSysfs, WritesInFlightSumThePathsAndEveryDeviceStackedOnThem) {
   set_inflight("sdb", "       0        0\n");
   EXPECT_EQ(writes_in_flight((*lus)[0], env_).value_or(99), 0U);
 
+  // With I/O accounting off, a device's inflight says 0 whatever it has in flight: refused.
+  const auto set_iostats = [&](const std::string& name, const std::string& text) {
+    fs::create_directories(root_ / "sys/class/block" / name / "queue");
+    std::ofstream(root_ / "sys/class/block" / name / "queue/iostats") << text;
+  };
+  set_iostats("sda", "1\n");
+  set_iostats("dm-1", "0\n");
+  const auto uncounted = writes_in_flight((*lus)[0], env_);
+  ASSERT_FALSE(uncounted.has_value());
+  EXPECT_NE(uncounted.error().message().find("dm-1/queue/iostats is 0"), std::string::npos)
+      << uncounted.error().message();
+  set_iostats("dm-1", "1\n");
+  EXPECT_EQ(writes_in_flight((*lus)[0], env_).value_or(99), 0U);
+
   fs::remove(root_ / "sys/class/block/sdb/inflight");
   const auto gone = writes_in_flight((*lus)[0], env_);
   ASSERT_FALSE(gone.has_value());

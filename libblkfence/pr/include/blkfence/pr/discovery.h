@@ -59,7 +59,8 @@ DiscoveryEnv system_discovery_env();
 // for each path's disk and every block device stacked on it (holders/, recursively: a
 // dm-multipath map, LVM), summed. A request a map has queued (queue_if_no_path) counts in the
 // map's; one it sent down counts in the path's disk. Fails when a path's disk has no such file (it
-// went away: what it had in flight is unknown). Paths without a disk count nothing.
+// went away: what it had in flight is unknown), and when a device counted has I/O accounting off
+// (queue/iostats 0: its inflight reads 0 whatever it has). Paths without a disk count nothing.
 [[nodiscard]] Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu,
                                                      const DiscoveryEnv& env);
 
