@@ -168,6 +168,12 @@ bool Resource::ours(std::uint64_t key) const {
   return Key::cluster_of(key) == options_.cluster_id && Key::node_of(key) == options_.node_id;
 }
 
+// A key of this node with an epoch a draw can give: one in the top of the epoch space is a stray
+// that carries our node id, never a key of ours to adopt or account for.
+bool Resource::drawn_by_us(std::uint64_t key) const {
+  return ours(key) && !Key::epoch_reserved(Key::epoch_of(key));
+}
+
 void Resource::run(std::vector<pr::Request> requests, Time now,
                    std::function<void(std::vector<pr::Response>, Time)> then) {
   std::weak_ptr<bool> alive = alive_;
@@ -415,6 +421,7 @@ bool Resource::refuse(Mode mode, Time now, Done& done) {
 
 Result<void> Resource::load_epochs() {
   auto loaded = epochs_.load(options_.name);
+  epochs_loaded_ = loaded.has_value();
   if (!loaded) {
     return tl::unexpected(loaded.error());
   }
@@ -462,9 +469,11 @@ Result<void> Resource::store_drawn(std::uint32_t epoch) {
 // nothing new writes nothing: the monitor's reads stay free of fsyncs. used_floor raises the epoch
 // a restart may adopt (a lost file: see probe_read). The reads may lack keys (a monitor round).
 Result<void> Resource::remember_epochs(const Reads& reads, std::uint32_t used_floor) {
-  const std::uint32_t seen = std::max(used_floor, seen_epoch(reads));
-  high_water_ = std::max(high_water_, seen);  // in memory at once, whether or not the disk follows
   const StoredEpochs now_stored = stored_.value_or(StoredEpochs{});
+  // A rise kept in memory only (note_epochs_of_failed_read) goes to the disk with this store.
+  const std::uint32_t unstored = high_water_ > now_stored.high_water() ? high_water_ : 0U;
+  const std::uint32_t seen = std::max({used_floor, seen_epoch(reads), unstored});
+  high_water_ = std::max(high_water_, seen);  // in memory at once, whether or not the disk follows
   const StoredEpochs wanted{.used = std::max(now_stored.used, used_floor),
                             .seen = std::max({now_stored.seen, seen, used_floor})};
   if (stored_ ? wanted == *stored_ : wanted.seen == 0) {
@@ -508,11 +517,12 @@ void Resource::note_epochs(const Reads& reads) {
 
 // S3: what did come back of a read that failed counts too. A restarted daemon may read another
 // node's key on one LU just before a target that forgets its PR state loses it; without this, its
-// next draw could repeat that epoch. Stored where the file was read and found; otherwise (a first
-// start or a lost file, decided only once every LU answers) kept in memory, so the next draw of
-// this run is above it.
+// next draw could repeat that epoch. Stored as the monitor stores any rise, once the file was read
+// and what it means is decided (a file found, or a start that found no key of this node); kept in
+// memory otherwise (a file that cannot be read must not be written over; a missing one may be a
+// lost file, decided only once every LU answers), and stored with the next store.
 void Resource::note_epochs_of_failed_read(const Reads& reads) {
-  if (stored_) {
+  if (epochs_loaded_ && (stored_ || state_ != State::kUnknown)) {
     note_epochs(reads);
   } else {
     high_water_ = std::max(high_water_, seen_epoch(reads));
@@ -639,9 +649,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
       if (const auto holder = reads.holder(i)) {
         keys.push_back(*holder);
       }
-      std::erase_if(keys, [this](std::uint64_t k) {
-        return !ours(k) || Key::epoch_reserved(Key::epoch_of(k));  // a stray is not ours
-      });
+      std::erase_if(keys, [this](std::uint64_t k) { return !drawn_by_us(k); });
       mine = newest_of(keys, mine);
     }
     if (mine) {
@@ -696,7 +704,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
 std::optional<Key> Resource::adoptable(const Reads& reads, std::uint32_t stored) const {
   if (options_.mode == Mode::kExclusive) {
     const std::optional<std::uint64_t> holder = reads.holder(0);
-    bool adopt = holder && ours(*holder) && Key::epoch_of(*holder) == stored;
+    bool adopt = holder && drawn_by_us(*holder) && Key::epoch_of(*holder) == stored;
     for (std::size_t i = 0; adopt && i < reads.lus.size(); ++i) {
       adopt = reads.holder(i) == holder && reads.others(i, *holder).empty() &&
               reads.registered(i, *holder);
@@ -709,7 +717,7 @@ std::optional<Key> Resource::adoptable(const Reads& reads, std::uint32_t stored)
   std::optional<std::uint64_t> mine;
   for (const auto& lu : reads.lus) {
     for (const std::uint64_t k : lu.keys->keys) {
-      if (ours(k) && (!mine || Key::epoch_of(k) > Key::epoch_of(*mine))) {
+      if (drawn_by_us(k) && (!mine || Key::epoch_of(k) > Key::epoch_of(*mine))) {
         mine = k;
       }
     }
@@ -729,14 +737,14 @@ std::string Resource::not_held(const Reads& reads, std::uint32_t stored) const {
   std::string detail = "not held by this node";
   for (std::size_t i = 0; i < reads.lus.size(); ++i) {
     const auto holder = reads.holder(i);
-    if (holder && ours(*holder)) {
+    if (holder && drawn_by_us(*holder)) {
       // Given up (release, a failed acquire) or never verified: the next acquirer preempts it.
       return "key " + Key::format(*holder) + " of this node holds " + options_.lus[i].name +
              " but is not the current token (stored epoch " + std::to_string(stored) +
              "); left as it is, gate closed";
     }
     for (const std::uint64_t k : reads.lus[i].keys->keys) {
-      if (ours(k)) {
+      if (drawn_by_us(k)) {
         // S5: whatever it is, it is not ours to repair without being asked.
         detail = "key " + Key::format(k) + " of this node is still registered on " +
                  options_.lus[i].name + " but does not hold every LU; left as it is";

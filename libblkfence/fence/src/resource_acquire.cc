@@ -65,6 +65,12 @@ void Resource::acquire(Time now, Done done) {
 // high-water mark), stores it, and registers the new key on every path.
 void Resource::acquire_draw(Reads reads, int round, Time at) {
   const Result<std::uint32_t> epoch = draw_epoch(reads, "acquire");
+  if (!epoch && round > 0 && key_) {
+    // A redraw over a racer: the key of the first draw is registered, maybe holding; take it back
+    // as any failed acquire does.
+    acquire_failed(*key_, epoch.error().message(), at);
+    return;
+  }
   if (!epoch) {
     set_state(State::kReleased, epoch.error().message());
     end(tl::unexpected(epoch.error()), at);

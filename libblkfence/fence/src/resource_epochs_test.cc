@@ -373,6 +373,36 @@ TEST_F(EpochsTest, AnEpochSeenByAReadThatFailedStillCounts) {
   EXPECT_GT(acquired(*a).epoch(), 41U);
 }
 
+// A first start that found no key keeps no file; a later round whose READ RESERVATION fails while
+// its READ KEYS shows B's key stores that epoch all the same, so a restart after the target forgot
+// still draws above it.
+TEST_F(EpochsTest, AFailedRoundAfterAFirstStartStoresWhatItSaw) {
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  ASSERT_EQ(a->resource->state(), State::kReleased);
+  ASSERT_EQ(a->store.load("pgdata").value(), std::nullopt) << "a first start keeps no file";
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = c.command.cdb[0] == 0x5e && (c.command.cdb[1] & 0x1f) == 0x01;
+    return fault;  // READ RESERVATION only
+  };
+  ASSERT_TRUE(b->store.store("pgdata", {.used = 40, .seen = 40}).has_value());
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  ASSERT_TRUE(run_until([&] { return a->seen_epoch() == key_b.epoch(); }))
+      << "stored from a round whose READ RESERVATION failed";
+  b->crash();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_clear(key_b.value()));
+  }
+  a->crash();
+  a->faults = nullptr;
+  a->boot(a->options());
+  EXPECT_GT(acquired(*a).epoch(), key_b.epoch());
+}
+
 // The monitor's reads store a rise too, once: a key of the cluster with a higher epoch appears on
 // the LUs while A holds; A stores it at the next round that reads keys, and not again after.
 TEST_F(EpochsTest, TheMonitorStoresARiseOnceAndOnlyARise) {

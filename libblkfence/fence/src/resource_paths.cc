@@ -66,7 +66,8 @@ void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time no
   }
   for (const pr::Path& path : current) {
     if (!known(paths, path)) {
-      engine_.forget(pr::command_device(path));  // its fd would hold the removed device open
+      engine_.forget(pr::command_device(path),
+                     options_.lus[lu].wwn);  // its fd would hold the removed device open
     }
   }
   current = std::move(paths);

@@ -302,10 +302,11 @@ TEST_F(ClientTest, AnFdWhoseDeviceWasRemovedIsClosedAndTheNameOpenedAgain) {
 // OUT fails without reaching the other LU, the fd is not kept, a read fails over to the LU's next
 // path; once the name reaches its LU again, it is used again.
 TEST_F(ClientTest, ANameThatNowReachesAnotherLuIsCheckedAndNotUsed) {
+  constexpr transport::NexusId kNexusOther = 9;
   bool removed = false;
   use_faults([&](const FaultContext& c) {
     Fault fault;
-    fault.os_errno = removed && c.nexus == kNexusA1 ? ENODEV : 0;
+    fault.os_errno = removed && (c.nexus == kNexusA1 || c.nexus == kNexusOther) ? ENODEV : 0;
     return fault;
   });
   std::vector<std::string> checked;
@@ -324,7 +325,6 @@ TEST_F(ClientTest, ANameThatNowReachesAnotherLuIsCheckedAndNotUsed) {
   removed = true;  // the device goes; the engine closes its fd at the ENODEV
   ASSERT_TRUE(client_->read_keys({a_[0]})[0].value);
   removed = false;
-  constexpr transport::NexusId kNexusOther = 9;
   target_.move_path("/dev/sg-a0-1", lus_[1], kNexusOther);
 
   const std::size_t open_before = transport_->open_paths();
@@ -342,13 +342,28 @@ TEST_F(ClientTest, ANameThatNowReachesAnotherLuIsCheckedAndNotUsed) {
   ASSERT_TRUE(keys[0].value.has_value()) << keys[0].value.error().message();
   EXPECT_EQ(keys[0].attempts.back().device, "/dev/sg-a0-2");
 
+  // The name is now a path of the other LU, opened for it; the first LU's list still names it.
+  const LogicalUnit taken{.wwn = "lu1", .name = "a1", .paths = {a_[0].paths[0]}};
+  ASSERT_TRUE(client_->read_keys({taken})[0].value);
+  const std::size_t open_with_taken = transport_->open_paths();
+  const LogicalUnit stale{.wwn = a_[0].wwn, .name = a_[0].name, .paths = {a_[0].paths[0]}};
+  const auto lent = client_->register_and_ignore({stale}, kKeyA);
+  ASSERT_FALSE(lent[0].value.has_value());
+  EXPECT_EQ(lent[0].value.error().errno_value(), ESTALE) << lent[0].value.error().message();
+  EXPECT_TRUE(keys_on(1).empty()) << "nothing of the first LU's reached the other LU";
+  EXPECT_EQ(transport_->open_paths(), open_with_taken) << "the other LU's fd stays open";
+
+  removed = true;  // the other LU's device goes too, and the name comes back to the first LU
+  EXPECT_FALSE(client_->read_keys({taken})[0].value);
+  removed = false;
   target_.move_path("/dev/sg-a0-1", lus_[0], kNexusA1);
   const LogicalUnit first_path_only{
       .wwn = a_[0].wwn, .name = a_[0].name, .paths = {a_[0].paths[0]}};
   const auto again = client_->read_keys({first_path_only});
   ASSERT_TRUE(again[0].value.has_value()) << again[0].value.error().message();
-  EXPECT_EQ(std::count(checked.begin(), checked.end(), "/dev/sg-a0-1"), 3)
-      << "checked at every open: the first, the other LU's, its own LU's again";
+  EXPECT_EQ(std::count(checked.begin(), checked.end(), "/dev/sg-a0-1"), 4)
+      << "checked at every open: the first; the other LU's, refused to the first LU and then "
+         "opened for its own; the first LU's again";
 }
 
 // A PR OUT whose answer never comes may still execute where it was sent (S4): it is indeterminate

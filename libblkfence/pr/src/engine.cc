@@ -65,30 +65,44 @@ Engine::Engine(transport::Transport& transport, RetryPolicy policy)
 Engine::~Engine() = default;
 
 // An open path stays checked: its fd pins the device node, which cannot name another device until
-// the fd is closed (forget()), after which the name is opened, and checked, again.
+// the fd is closed (forget()), after which the name is opened, and checked, again. A name open for
+// one LU is not lent to a request for another: a LU's list may still hold a name its device gave up
+// and a new path of another LU took (the rescan keeps a LU's paths when its names resolve to
+// nothing). That is no sign of a removed device, so the other LU's fd stays open.
 Result<transport::PathId> Engine::path_for(const std::string& device, const std::string& wwn) {
   if (const auto it = paths_.find(device); it != paths_.end()) {
-    return it->second;
+    const OpenPath& open = it->second;
+    if (check_identity_ && !wwn.empty() && !open.wwn.empty() && open.wwn != wwn) {
+      return tl::unexpected(Error::os(ESTALE, device + " is open as a path of LU " + open.wwn +
+                                                  ", not LU " + wwn +
+                                                  ": nothing of this LU is sent through it"));
+    }
+    return open.id;
   }
   auto path = transport_.open_path(device);
   if (!path) {
     return path;
   }
+  std::string checked;
   if (check_identity_ && !wwn.empty()) {
     if (const auto node = transport_.device_of(*path)) {
       if (auto same = check_identity_(*node, device, wwn); !same) {
         transport_.close_path(*path);
         return tl::unexpected(same.error());
       }
+      checked = wwn;
     }
   }
-  paths_.emplace(device, *path);
+  paths_.emplace(device, OpenPath{.id = *path, .wwn = std::move(checked)});
   return path;
 }
 
-void Engine::forget(const std::string& device) {
+void Engine::forget(const std::string& device, const std::string& wwn) {
   if (const auto it = paths_.find(device); it != paths_.end()) {
-    const transport::PathId path = it->second;
+    if (!wwn.empty() && !it->second.wwn.empty() && it->second.wwn != wwn) {
+      return;  // the name is another LU's path now: not this LU's to close
+    }
+    const transport::PathId path = it->second.id;
     paths_.erase(it);
     transport_.close_path(path);
   }
@@ -203,11 +217,12 @@ void Engine::submit(Batch& batch, std::size_t index, Time now) {
     batch.responses[index].attempts.push_back(Attempt{
         .device = device, .outcome = Outcome::kOsError, .sense = std::nullopt, .latency = {}});
     if (!request.is_read || slot.candidate + 1 == request.devices.size()) {
-      const std::string what = request.what + " on " + submitted.error().message();
-      finish(batch, index,
-             tl::unexpected(submitted.error().errno_value() != 0
-                                ? Error::os(submitted.error().errno_value(), what)
-                                : Error(submitted.error().code(), what)));
+      const Error& error = submitted.error();
+      finish(
+          batch, index,
+          tl::unexpected(error.errno_value() != 0
+                             ? Error::os(error.errno_value(), request.what + " on " + error.where())
+                             : Error(error.code(), request.what + " on " + error.message())));
       return;
     }
     ++slot.candidate;

@@ -254,6 +254,7 @@ class Resource {
             std::string device = {});
   Key key_for(std::uint32_t epoch) const;
   bool ours(std::uint64_t key) const;
+  bool drawn_by_us(std::uint64_t key) const;
   std::uint32_t highest_epoch(const Reads& reads) const;
   std::vector<std::string> stray_keys(const Reads& reads) const;
   [[nodiscard]] Result<std::uint32_t> draw_epoch(const Reads& reads, const std::string& what) const;
@@ -363,6 +364,7 @@ class Resource {
   std::optional<bool> aptpl_;
   std::optional<StoredEpochs> stored_;  // what the node's disk holds; nullopt while it has no file
   StoredEpochs attempted_;              // the highest of every store tried, whatever it reported
+  bool epochs_loaded_ = false;          // the last load of the epoch file succeeded
   std::uint32_t epoch_store_failed_ = 0;  // the highest seen epoch the monitor failed to store
   std::optional<std::uint64_t> fenced_by_;
   std::string detail_;

@@ -122,8 +122,9 @@ class Engine {
 
   // Closes the path to device, if it is open, and forgets what reads taught about it: the device
   // went away, or its name may now name another device. Its commands still in the kernel complete
-  // as Transport::close_path() says. A later request that names the device opens it again.
-  void forget(const std::string& device);
+  // as Transport::close_path() says. A later request that names the device opens it again. With
+  // wwn, a device open as another LU's checked path is left open (the name moved on to it).
+  void forget(const std::string& device, const std::string& wwn = {});
   // How many paths are open in the transport (one fd each).
   std::size_t open_paths() const { return paths_.size(); }
 
@@ -153,7 +154,12 @@ class Engine {
 
   transport::Transport& transport_;
   RetryPolicy policy_;
-  std::map<std::string, transport::PathId> paths_;
+  // An open fd, and the LU it was checked to reach (empty: not checked).
+  struct OpenPath {
+    transport::PathId id = 0;
+    std::string wwn;
+  };
+  std::map<std::string, OpenPath> paths_;
   IdentityCheck check_identity_;
   // Every device a read was sent to and not forgotten since, like paths_.
   std::map<std::string, Standing> standing_;
