@@ -451,19 +451,21 @@ bool marked_beyond_the_abort(const Run& run, const Replay& replayed, const Write
          epoch_of_key(*mark) > epoch_of_key(removed);
 }
 
-// A target without APTPL lost power after the fence and forgot its PR state: the LU has had no
-// reservation since, so every nexus may write until a node reserves it again, the fenced node's
-// included until it notices. That is the hazard docs/protocol.md ("Power loss and APTPL") states
-// for such targets, which no initiator can close; S3 is still judged across it.
+// A target without APTPL lost power after the fence and forgot its PR state, the fence with it:
+// the LU has had no reservation since, so every nexus may write until a node reserves it again,
+// the fenced node's included until it notices; or the write's nexus was registered again with the
+// fenced key after the power cycle (an acquire of the fenced node that began before the fence and
+// ended after the power loss: nothing on the LU could show it the newer key any more), a
+// registration the fence never touched. That is the hazard docs/protocol.md ("Power loss and
+// APTPL") states for such targets, which no initiator can close; S3 is still judged across it.
 bool forgotten_since(const Run& run, const Replay& replayed, const PrOutRecord& fence,
-                     const WriteRecord& write) {
-  if (replayed.holder_at(write.lu, write.sequence)) {
-    return false;
-  }
+                     std::uint64_t key, const WriteRecord& write) {
+  const bool unreserved = !replayed.holder_at(write.lu, write.sequence);
   return std::any_of(
       run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
         return record.lu == write.lu && record.service_action == transport::kPowerCycleRecord &&
-               record.sequence > fence.sequence && record.sequence < write.sequence;
+               record.sequence > fence.sequence && record.sequence < write.sequence &&
+               (unreserved || registered_after(run, record, key, write));
       });
 }
 
@@ -528,7 +530,7 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
              (run.primary && write.accepted_at < removal->record->at &&
               marked_beyond_the_abort(run, replayed, write, issue->second.node, removal->key)))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second) &&
-          !forgotten_since(run, replayed, *removal->record, write)) {
+          !forgotten_since(run, replayed, *removal->record, removal->key, write)) {
         const auto holder = replayed.holder_at(write.lu, write.sequence);
         const bool held_across = plain && write.accepted_sequence <= removal->record->sequence;
         (held_across ? held : violations)
