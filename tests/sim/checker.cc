@@ -451,13 +451,65 @@ bool marked_beyond_the_abort(const Run& run, const Replay& replayed, const Write
          epoch_of_key(*mark) > epoch_of_key(removed);
 }
 
+// Whether the node's driver had an acquire (or unfence, or promote) running at `at` that was
+// still running when the command was submitted: begun at or before `at`, and not ended (done, or
+// the daemon dead or restarted) between its call and the command.
+bool submitted_by_operation_running_at(const Run& run, const Command& command, Time at) {
+  const Entry* called = nullptr;
+  for (const Entry& entry : run.trace) {
+    if (entry.seq >= command.submitted_seq) {
+      break;
+    }
+    if (entry.node != command.node) {
+      continue;
+    }
+    if (entry.kind == EntryKind::kAcquireCalled) {
+      called = &entry;
+    } else if (entry.kind == EntryKind::kOpDone || entry.kind == EntryKind::kCrash ||
+               entry.kind == EntryKind::kBoot) {
+      called = nullptr;
+    }
+  }
+  return called != nullptr && called->at <= at;
+}
+
+// Whether the write's nexus was registered again with `key` after the power cycle, by a command
+// of an operation of the node that was already running when the fence executed: an acquire begun
+// before the fence and ended after the power loss, when nothing on the LU could show the newer key
+// any more. A registration by anything else (a node repairing its own key after the power loss, a
+// new path of a fenced node) excuses nothing.
+bool reacquired_across(const Run& run, const PrOutRecord& fence, const PrOutRecord& power_cycle,
+                       std::uint64_t key, const WriteRecord& write) {
+  const std::uint16_t node = node_of(run, write.nexus);
+  for (const PrOutRecord& record : run.target->prouts) {
+    const bool registration =
+        record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
+        record.service_action ==
+            static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+    if (!registration || record.outcome.status != 0 || record.sa_key != key ||
+        record.lu != write.lu || record.nexus != write.nexus ||
+        record.sequence <= power_cycle.sequence || record.sequence >= write.sequence) {
+      continue;
+    }
+    for (const Command& command : run.commands) {
+      if (command.node == node && command.registers() && command.sa_key == key &&
+          command.lu == record.lu && command.nexus == record.nexus &&
+          command.submitted <= record.at &&
+          (!command.completed || record.at <= command.completed_at) &&
+          submitted_by_operation_running_at(run, command, fence.at)) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 // A target without APTPL lost power after the fence and forgot its PR state, the fence with it:
 // the LU has had no reservation since, so every nexus may write until a node reserves it again,
-// the fenced node's included until it notices; or the write's nexus was registered again with the
-// fenced key after the power cycle (an acquire of the fenced node that began before the fence and
-// ended after the power loss: nothing on the LU could show it the newer key any more), a
-// registration the fence never touched. That is the hazard docs/protocol.md ("Power loss and
-// APTPL") states for such targets, which no initiator can close; S3 is still judged across it.
+// the fenced node's included until it notices; or the fenced node's acquire, under way when the
+// fence executed, registered its key again after the power loss and took the LU
+// (reacquired_across). That is the hazard docs/protocol.md ("Power loss and APTPL") states for such
+// targets, which no initiator can close; S3 is still judged across it.
 bool forgotten_since(const Run& run, const Replay& replayed, const PrOutRecord& fence,
                      std::uint64_t key, const WriteRecord& write) {
   const bool unreserved = !replayed.holder_at(write.lu, write.sequence);
@@ -465,7 +517,7 @@ bool forgotten_since(const Run& run, const Replay& replayed, const PrOutRecord& 
       run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
         return record.lu == write.lu && record.service_action == transport::kPowerCycleRecord &&
                record.sequence > fence.sequence && record.sequence < write.sequence &&
-               (unreserved || registered_after(run, record, key, write));
+               (unreserved || reacquired_across(run, fence, record, key, write));
       });
 }
 

@@ -504,6 +504,12 @@ std::uint32_t Resource::seen_epoch(const Reads& reads) const {
 // reported once per epoch, not retried at every check, and the next draw stores above it anyway.
 void Resource::note_epochs(const Reads& reads) {
   const std::uint32_t seen = seen_epoch(reads);
+  if (!epochs_loaded_) {
+    // The last load failed (an acquire's, after the start): the file is never written over while
+    // it cannot be read; the next draw is above the rise all the same.
+    high_water_ = std::max(high_water_, seen);
+    return;
+  }
   if (seen <= std::max(stored_ ? stored_->seen : 0U, epoch_store_failed_)) {
     return;
   }
@@ -522,7 +528,7 @@ void Resource::note_epochs(const Reads& reads) {
 // memory otherwise (a file that cannot be read must not be written over; a missing one may be a
 // lost file, decided only once every LU answers), and stored with the next store.
 void Resource::note_epochs_of_failed_read(const Reads& reads) {
-  if (epochs_loaded_ && (stored_ || state_ != State::kUnknown)) {
+  if (stored_ || state_ != State::kUnknown) {
     note_epochs(reads);
   } else {
     high_water_ = std::max(high_water_, seen_epoch(reads));

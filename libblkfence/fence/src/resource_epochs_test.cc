@@ -151,6 +151,28 @@ TEST_F(EpochsTest, AGarbageFileStopsStartAndAcquireNamingIt) {
   a->crash();
 }
 
+// The file turns to garbage after the start: the acquire that cannot read it fails, and the
+// monitor, which then sees B's key rise, keeps that rise in memory and never writes the file over.
+TEST_F(EpochsTest, AFileAnAcquireCouldNotReadIsNotWrittenOverByTheMonitor) {
+  a->boot(a->options(), file_store.get());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  ASSERT_EQ(a->resource->state(), State::kReleased);
+  write_file(path(), "1x\n");
+  Outcome* refused = a->acquire();
+  ASSERT_TRUE(run_until([&] { return refused->done(); }));
+  ASSERT_FALSE(refused->result->has_value());
+  ASSERT_TRUE(b->store.store("pgdata", {.used = 40, .seen = 40}).has_value());
+  b->boot(b->options());
+  const Key key_b = acquired(*b);
+  ASSERT_TRUE(run_until([&] { return a->resource->epoch_high_water() == key_b.epoch(); }))
+      << "A's monitor sees B's key";
+  const std::uint64_t checks = a->resource->counters().checks;
+  ASSERT_TRUE(run_until([&] { return a->resource->counters().checks > checks + 5; }));
+  EXPECT_EQ(slurp(path()), "1x\n");
+  a->crash();
+}
+
 // --- a missing file (docs/protocol.md, S3)
 // --------------------------------------------------------
 
