@@ -56,6 +56,22 @@ class EpochsTest : public ResourceTest {
 
   std::string path() const { return dir.file("pgdata.epoch"); }
 
+  // The target forgets every registration (a CLEAR by B's nexus; a power cycle without APTPL is
+  // the same to the protocol).
+  void clear_every_lu(Key key_b) {
+    for (std::size_t lu = 0; lu < kLus; ++lu) {
+      prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                     codec::prout_clear(key_b.value()));
+    }
+  }
+
+  // READ RESERVATION gets no answer; READ KEYS does.
+  static Fault read_reservation_fails(const FaultContext& c) {
+    Fault fault;
+    fault.transport_error = c.command.cdb[0] == 0x5e && (c.command.cdb[1] & 0x1f) == 0x01;
+    return fault;
+  }
+
   TempDir dir;
   std::shared_ptr<EpochFaults> faults;
   std::unique_ptr<EpochStore> file_store;
@@ -357,10 +373,7 @@ TEST_F(EpochsTest, AnEpochSeenFromAnotherNodeOutlivesATargetThatForgets) {
   EXPECT_EQ(a->seen_epoch(), 41U);
   EXPECT_EQ(a->stored_epoch(), 0U) << "A used no epoch: nothing of A's to adopt";
   b->crash();
-  for (std::size_t lu = 0; lu < kLus; ++lu) {
-    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
-                   codec::prout_clear(key_b.value()));
-  }
+  clear_every_lu(key_b);
   EXPECT_GT(acquired(*a).epoch(), 41U);
 }
 
@@ -374,21 +387,14 @@ TEST_F(EpochsTest, AnEpochSeenByAReadThatFailedStillCounts) {
   const Key key_b = acquired(*b);
   ASSERT_EQ(key_b.epoch(), 41U);
   ASSERT_TRUE(a->store.store("pgdata", {.used = 3, .seen = 3}).has_value());
-  a->faults = [](const FaultContext& c) {
-    Fault fault;
-    fault.transport_error = c.command.cdb[0] == 0x5e && (c.command.cdb[1] & 0x1f) == 0x01;
-    return fault;  // READ RESERVATION only: READ KEYS answers
-  };
+  a->faults = read_reservation_fails;
   a->boot(a->options());
   a->resource->start(now());
   ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
   ASSERT_EQ(a->resource->state(), State::kUnknown);
   EXPECT_EQ(a->seen_epoch(), 41U) << "stored from the READ KEYS that answered";
   b->crash();
-  for (std::size_t lu = 0; lu < kLus; ++lu) {
-    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
-                   codec::prout_clear(key_b.value()));
-  }
+  clear_every_lu(key_b);
   a->crash();
   a->faults = nullptr;
   a->boot(a->options());
@@ -404,21 +410,14 @@ TEST_F(EpochsTest, AFailedRoundAfterAFirstStartStoresWhatItSaw) {
   ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
   ASSERT_EQ(a->resource->state(), State::kReleased);
   ASSERT_EQ(a->store.load("pgdata").value(), std::nullopt) << "a first start keeps no file";
-  a->faults = [](const FaultContext& c) {
-    Fault fault;
-    fault.transport_error = c.command.cdb[0] == 0x5e && (c.command.cdb[1] & 0x1f) == 0x01;
-    return fault;  // READ RESERVATION only
-  };
+  a->faults = read_reservation_fails;
   ASSERT_TRUE(b->store.store("pgdata", {.used = 40, .seen = 40}).has_value());
   b->boot(b->options());
   const Key key_b = acquired(*b);
   ASSERT_TRUE(run_until([&] { return a->seen_epoch() == key_b.epoch(); }))
       << "stored from a round whose READ RESERVATION failed";
   b->crash();
-  for (std::size_t lu = 0; lu < kLus; ++lu) {
-    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
-                   codec::prout_clear(key_b.value()));
-  }
+  clear_every_lu(key_b);
   a->crash();
   a->faults = nullptr;
   a->boot(a->options());
