@@ -29,6 +29,11 @@
 #     nexus), B acquires. blkfenced waits for A's writes before the re-key, says so in its status,
 #     and nothing of A's lands after B's acquire returned; built with the rekey_without_drain
 #     mutant it re-keys at once, and A's writes land after B's acquire returned.
+#   takeover, promote, takeover-preempt, promote-preempt: a plain takeover with blkfenced on both
+#     nodes (below, run_takeover_case): A holds, exclusive or primary mode, with its writes in
+#     flight at the backend, and B acquires or promotes. With PREEMPT AND ABORT, B's operation
+#     returns only once A's writes have left the backend, and nothing of A's lands after it; the
+#     control runs with preempt = "preempt" show A's writes landing after B's operation returned.
 #   Aborting A's writes instead, with a PREEMPT AND ABORT of K1 by A through its only nexus,
 #   wedges LIO's iSCSI target on Debian 12's 6.1 (TAS on, LIO's default; docs/reference/lio.md
 #   §6), and with TAS off lets A's initiator resend the writes, stamped K1 again, when the backend
@@ -37,8 +42,8 @@
 # Prints each PR command's duration, what A's writers saw and when, the writes at the backend at
 # each step, and the kernel's log of the commands each PREEMPT AND ABORT aborted (dynamic debug of
 # target_core_tmr.c) and of A's connection.
-#   usage: rekey_inflight.sh [notas] [CASE...]   (CASE: control, drain, daemon-mutant, daemon;
-#   default all four)
+#   usage: rekey_inflight.sh [notas] [CASE...]   (CASE: control, drain, daemon-mutant, daemon,
+#   takeover, takeover-preempt, promote, promote-preempt; default all eight)
 #   notas builds the LU with attrib/emulate_tas 0 (LIO takes it only before the LU is exported).
 #   REKEY_DELAY_MS overrides the write delay (default 10000: under TCG each process start costs
 #   about 0.3 s, and A's writes must still be in flight when B's preempt returns).
@@ -52,7 +57,7 @@ cases=()
 for arg; do
   if [[ $arg == notas ]]; then tas=0; else cases+=("$arg"); fi
 done
-((${#cases[@]})) || cases=(control drain daemon-mutant daemon)
+((${#cases[@]})) || cases=(control drain daemon-mutant daemon takeover takeover-preempt promote promote-preempt)
 [[ $LAB_FABRIC == iscsi ]] || { lab_not_ok "rekey_inflight.sh needs the iscsi fabric (PREEMPT AND ABORT deadlocks over tcm_loop)"; lab_done; exit; }
 k1=0x7265000100000001 k2=0x7265000100000002 k3=0x7265000200000003
 writers=4 witnesses=(2 3) b_first=0 b_count=2
@@ -354,7 +359,8 @@ run_case() {
 # only once they have left the backend, and nothing of A's lands after B's acquire returned.
 # daemon-mutant: blkfenced built with the rekey_without_drain mutant re-keys at once, and A's
 # writes land after B's acquire returned: the check sees the window when the wait is missing.
-# daemon_config NODE ID DEV: NODE's configuration.
+# daemon_config NODE ID DEV [PREEMPT MODE COMMAND_TIMEOUT LEASE]: NODE's configuration (PREEMPT
+# AND ABORT, exclusive, 2 s, 3 s by default).
 daemon_config() {
   mkdir -p "$BF/$1/state" "$BF/$1/run"
   cat >"$BF/$1/blkfence.toml" <<TOML
@@ -366,10 +372,11 @@ run_dir = "$BF/$1/run"
 [[resource]]
 name = "db"
 devices = ["$3"]
-preempt = "preempt-and-abort"
+mode = "${5:-exclusive}"
+preempt = "${4:-preempt-and-abort}"
 check_interval = "500ms"
-lease = "3s"
-command_timeout = "2s"
+lease = "${7:-3s}"
+command_timeout = "${6:-2s}"
 on_fenced = "none"
 TOML
 }
@@ -456,6 +463,89 @@ run_daemon_case() {
     lab_pr --out --clear --param-rk=0x1 "$b" >/dev/null
   return 0
 }
+# A plain takeover with A's writes in flight, blkfenced on both nodes: A holds (an exclusive
+# acquire, or a promote in primary mode with both nodes members first), its four writes go in
+# flight at the backend, and B acquires (or promotes). B's command timeout (20 s) outlasts the
+# backend's delay, since LIO's PREEMPT AND ABORT waits for the aborted writes to leave the backend.
+#   takeover, promote: PREEMPT AND ABORT. B's operation returns only once none of A's writes is
+#     held at the backend, and nothing of A's lands after it returned.
+#   takeover-preempt, promote-preempt: the control run, preempt = "preempt". B's operation returns
+#     at once with A's writes held at the backend, the witnesses read clean right after it, and A's
+#     writes land afterwards: the window that PREEMPT AND ABORT closes (SPC-4 5.13.11.2.4: plain
+#     PREEMPT leaves the task set alone; docs/reference/spc4-pr.md §4), so the check can fail.
+run_takeover_case() {
+  local case=$1 first=$2 a=${dev[1]} b=${dev[2]} mode=exclusive preempt=preempt-and-abort
+  local hold=acquire take=acquire w k done0 done_b at_b s1 final t0 ms
+  local -a clean_texts=() b_texts=() s1_blocks=() final_blocks=()
+  [[ $case == promote* ]] && mode=primary hold=promote take=promote
+  [[ $case == *-preempt ]] && preempt=preempt
+  echo "--- $case: blocks $first-$((first + writers - 1)), writes held $delay_ms ms, $mode mode, $preempt"
+  for ((k = 0; k < writers; k++)); do clean_texts[k]="clean $case"; done
+  for ((k = 0; k < b_count; k++)); do b_texts[k]="B $case"; done
+  if ! { block_file "$work/$case.clean" "${clean_texts[@]}" && block_file "$work/$case.b" "${b_texts[@]}" &&
+    mark "$first" "$work/$case.clean"; }; then
+    lab_not_ok "$case: marking the blocks clean failed"
+    return 1
+  fi
+  rm -rf "$BF"
+  daemon_config A 1 "$a" "$preempt" "$mode" 20s 30s && daemon_config B 2 "$b" "$preempt" "$mode" 20s 30s
+  bf_start A >"$work/start.A" 2>&1 || { lab_not_ok "$case: A's daemon starts: $(cat "$work/start.A")"; return 1; }
+  bf_start B >"$work/start.B" 2>&1 || { lab_not_ok "$case: B's daemon starts: $(cat "$work/start.B")"; return 1; }
+  if [[ $mode == primary ]]; then
+    ctl_timed "$case: A joins as a member" A unfence db || return 1
+    ctl_timed "$case: B joins as a member" B unfence db || return 1
+  fi
+  ctl_timed "$case: A ${hold}s" A "$hold" db || return 1
+  done0=$(backend_done)
+  start_writers "$case" "$first" "$a" || return 1
+  t0=${EPOCHREALTIME/./}
+  ctl_timed "$case: B ${take}s ($preempt of A's key)" B "$take" db || return 1
+  at_b=$(backend_inflight) done_b=$(($(backend_done) - done0))
+  read_blocks "$b" "$first" "$work/$case.s1" || lab_not_ok "$case: reading the blocks right after B's $take failed"
+  ms=$(((${EPOCHREALTIME/./} - t0) / 1000))
+  dd if="$work/$case.b" of="$b" bs=$((b_count * 4096)) seek=$(((first + b_first) / b_count)) oflag=direct \
+    status=none 2>"$work/$case.b.err" || lab_not_ok "$case: B's write failed: $(cat "$work/$case.b.err")"
+  s1=$(blocks "$work/$case.s1")
+  say "$case: B's $take returned with $at_b of A's writes held at the backend ($done_b done); the blocks read ${ms} ms after B's $take began: $s1"
+  await 3600 writers_ended "$case" || lab_not_ok "$case: A's writers did not end within 180 s"
+  await 400 backend_has 0
+  for ((w = 0; w < writers; w++)); do
+    local st="still running" at="?" err=""
+    [[ -f $work/$case.end.$w ]] && read -r st at <"$work/$case.end.$w"
+    err=$(cat "$work/$case.err.$w" 2>/dev/null)
+    say "$case: A's writer $w: exit $st at $at ms${err:+ ($err)}"
+  done
+  read_blocks "$b" "$first" "$work/$case.final" || lab_not_ok "$case: reading the blocks at the end failed"
+  final=$(blocks "$work/$case.final")
+  say "$case: the blocks once A's writers ended: $final"
+  IFS='|' read -r -a s1_blocks <<<"$s1"
+  IFS='|' read -r -a final_blocks <<<"$final"
+  if [[ $preempt == preempt ]]; then
+    lab_expect_eq "$case: B's $take returned with A's writes still held at the backend" "$at_b" "$writers"
+  else
+    lab_expect_eq "$case: B's $take returned with none of A's writes held at the backend" "$at_b" 0
+  fi
+  for k in "${witnesses[@]}"; do
+    if [[ $preempt == preempt ]]; then
+      lab_expect_eq "$case: block $((first + k)) read clean right after B's $take" "${s1_blocks[k]:-}" "clean $case"
+      lab_expect_eq "$case: A's write landed on block $((first + k)) after B's $take returned" \
+        "${final_blocks[k]:-}" "A $case writer $k"
+    else
+      lab_expect_eq "$case: nothing of A's landed on block $((first + k)) after B's $take returned" \
+        "${final_blocks[k]:-}" "${s1_blocks[k]:-}"
+    fi
+  done
+  for ((k = b_first; k < b_first + b_count; k++)); do
+    lab_expect_eq "$case: B's text on block $((first + k))" "${final_blocks[k]:-}" "B $case"
+  done
+  lab_expect_key "$case: B holds" "$(bf_field B db key 2>/dev/null)" lab_holder_key "$b"
+  lab_expect "$case: A's daemon reports fenced" bf_await A db state fenced
+  bf_stop A
+  bf_stop B
+  lab_pr --out --register-ignore --param-sark=0x1 "$b" >/dev/null &&
+    lab_pr --out --clear --param-rk=0x1 "$b" >/dev/null
+  return 0
+}
 status_says_waiting() {
   local status
   status=$(bf_ctl A status db 2>/dev/null) && [[ $status == *"waiting for this node's writes"* ]]
@@ -478,7 +568,8 @@ for c in "${cases[@]}"; do
   case $c in
     control | drain) run_case "$c" "$first" ;;
     daemon | daemon-mutant) run_daemon_case "$c" "$first" ;;
-    *) lab_not_ok "unknown case '$c' (control, drain, daemon, daemon-mutant, notas)" ;;
+    takeover | takeover-preempt | promote | promote-preempt) run_takeover_case "$c" "$first" ;;
+    *) lab_not_ok "unknown case '$c' (control, drain, daemon, daemon-mutant, takeover, takeover-preempt, promote, promote-preempt, notas)" ;;
   esac
   first=$((first + 16))
 done
