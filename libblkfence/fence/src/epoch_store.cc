@@ -28,18 +28,25 @@ std::optional<std::uint32_t> parse_epoch(std::string_view text) {
   return epoch;
 }
 
-// "USED SEEN\n" or "USED\n"; a missing newline is forgiven (a file written by hand).
+constexpr std::string_view kRegistering = " registering";
+
+// "USED SEEN registering\n", "USED SEEN\n" or "USED\n"; a missing newline is forgiven (a file
+// written by hand).
 std::optional<StoredEpochs> parse(std::string_view text) {
   if (!text.empty() && text.back() == '\n') {
     text.remove_suffix(1);
   }
+  const bool registering = text.ends_with(kRegistering);
+  if (registering) {
+    text.remove_suffix(kRegistering.size());
+  }
   const std::size_t space = text.find(' ');
   const auto used = parse_epoch(text.substr(0, space));
   const auto seen = space == std::string_view::npos ? used : parse_epoch(text.substr(space + 1));
-  if (!used || !seen || *seen < *used) {
+  if (!used || !seen || *seen < *used || (registering && space == std::string_view::npos)) {
     return std::nullopt;
   }
-  return StoredEpochs{.used = *used, .seen = *seen};
+  return StoredEpochs{.used = *used, .seen = *seen, .registering = registering};
 }
 
 class FileEpochStore final : public EpochStore {
@@ -72,7 +79,8 @@ class FileEpochStore final : public EpochStore {
       return fail(ErrorCode::kInvalidArgument,
                   path + (got == 0 ? ": empty" : ": truncated or not epochs") +
                       " (expected one or two decimal numbers 0..4294967295, the second not below "
-                      "the first, and a newline); it holds the highest epochs of this resource the "
+                      "the first, the word registering after two, and a newline); it holds the "
+                      "highest epochs of this resource the "
                       "node used and saw: restore it, or remove it while the LUs still carry this "
                       "cluster's keys (the daemon then stores the highest epoch they show; "
                       "docs/operations.md)");
@@ -85,8 +93,11 @@ class FileEpochStore final : public EpochStore {
     BLKFENCE_ASSERT(epochs.seen >= epochs.used);
     const std::string temporary = path + ".new";
     std::string text = std::to_string(epochs.used);
-    if (epochs.seen != epochs.used) {
+    if (epochs.seen != epochs.used || epochs.registering) {
       text += " " + std::to_string(epochs.seen);
+    }
+    if (epochs.registering) {
+      text += kRegistering;
     }
     if (auto written = write_durably(temporary, text + "\n"); !written) {
       (void)calls_.unlink(temporary);  // the old file is intact; the temporary is litter

@@ -419,13 +419,23 @@ bool Resource::refuse(Mode mode, Time now, Done& done) {
 
 // --- epochs (S3) ---------------------------------------------------------------------------------
 
-Result<void> Resource::load_epochs() {
+Result<void> Resource::load_epochs(Time now) {
   auto loaded = epochs_.load(options_.name);
   epochs_loaded_ = loaded.has_value();
   if (!loaded) {
     return tl::unexpected(loaded.error());
   }
   stored_ = *loaded;
+  if (!previous_run_read_ && stored_ && stored_->registering) {
+    // The run before ended with a REGISTER of ours whose outcome it did not learn, sent at the
+    // latest just before it ended, now: it may still execute for the command's timeout, and then
+    // as long as a command that timed out can (late_execution_end). A transport of this run cannot
+    // tell when the kernel gave the old run's commands back.
+    previous_run_settles_ = now +
+                            std::chrono::duration_cast<Time>(engine_.policy().command_timeout) +
+                            late_execution_horizon();
+  }
+  previous_run_read_ = true;
   if (stored_ && Key::epoch_reserved(stored_->seen)) {
     // Written by a release that stored a stray key's epoch as seen (no node drew it): what the
     // stray hid is lost, the node's own is what is left.
@@ -460,7 +470,48 @@ Result<void> Resource::store_epochs(StoredEpochs epochs) {
 // above everything seen (the draw's floor), so it is the seen mark too.
 Result<void> Resource::store_drawn(std::uint32_t epoch) {
   BLKFENCE_ASSERT(epoch > high_water_ || mutant::kNoEpochBump || mutant::kPromoteNoEpochBump);
-  return store_epochs(StoredEpochs{.used = epoch, .seen = std::max(epoch, high_water_)});
+  return store_epochs(
+      StoredEpochs{.used = epoch, .seen = std::max(epoch, high_water_), .registering = true});
+}
+
+// Before a REGISTER of the key the node holds (a new path's): the epoch file says one is under way,
+// as store_drawn() does for a new key.
+Result<void> Resource::mark_registering() {
+  if (stored_ && stored_->registering) {
+    return {};
+  }
+  if (!stored_ || !epochs_loaded_) {
+    return fail(ErrorCode::kIndeterminate,
+                epochs_.where(options_.name) +
+                    " was not read: a REGISTER is not sent until it says one is under way");
+  }
+  StoredEpochs marked = *stored_;
+  marked.registering = true;
+  return store_epochs(marked);
+}
+
+// Once no REGISTER of ours can execute any more (none timed out, or those that did are back or past
+// their horizon, and the previous run's are past theirs), the epoch file stops saying one may: a
+// restart then registers at once. Tried at each monitor round until it is stored.
+void Resource::store_registers_settled(Time now) {
+  if (!stored_ || !stored_->registering || op_ != Op::kNone || settling_ ||
+      (registers_settle_ && *registers_settle_ > now) ||
+      (previous_run_settles_ && *previous_run_settles_ > now)) {
+    return;
+  }
+  StoredEpochs settled = *stored_;
+  settled.registering = false;
+  if (auto stored = store_epochs(settled); !stored) {
+    if (!registers_settled_store_failed_) {
+      registers_settled_store_failed_ = true;
+      emit(EventKind::kOperationFailed,
+           "storing that no REGISTER of this node is under way failed (a restart will wait before "
+           "it registers): " +
+               stored.error().message());
+    }
+    return;
+  }
+  registers_settled_store_failed_ = false;
 }
 
 // S3: the highest epoch of this cluster a read shows is stored as soon as it rises above the stored
@@ -475,7 +526,8 @@ Result<void> Resource::remember_epochs(const Reads& reads, std::uint32_t used_fl
   const std::uint32_t seen = std::max({used_floor, seen_epoch(reads), unstored});
   high_water_ = std::max(high_water_, seen);  // in memory at once, whether or not the disk follows
   const StoredEpochs wanted{.used = std::max(now_stored.used, used_floor),
-                            .seen = std::max({now_stored.seen, seen, used_floor})};
+                            .seen = std::max({now_stored.seen, seen, used_floor}),
+                            .registering = now_stored.registering};
   if (stored_ ? wanted == *stored_ : wanted.seen == 0) {
     return {};  // nothing new (or a first start on LUs without a key of this cluster)
   }
@@ -610,7 +662,7 @@ void Resource::probe_read(const Reads& reads, Time now) {
   probe_done_ = true;
   // Loaded at each probe (the monitor probes again while the state is unknown): a file an operator
   // restored is heard at the next check, without a restart.
-  if (auto loaded = load_epochs(); !loaded) {
+  if (auto loaded = load_epochs(now); !loaded) {
     const std::string detail = "cannot read the stored epoch: " + loaded.error().message();
     if (state_ != State::kUnknown || detail_ != detail) {  // said once, not at every check
       set_state(State::kUnknown, detail);

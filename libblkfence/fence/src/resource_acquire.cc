@@ -36,7 +36,7 @@ void Resource::acquire(Time now, Done done) {
   set_state(State::kAcquiring, "reading keys and reservations");
   // A missing file reads as nothing stored: the draw is above every key the read below shows,
   // which for a node whose file was lost includes its own (docs/protocol.md, S3).
-  if (auto loaded = load_epochs(); !loaded) {
+  if (auto loaded = load_epochs(now); !loaded) {
     set_state(before, detail_);
     end(tl::unexpected(loaded.error()), now);
     return;
@@ -486,8 +486,9 @@ Result<void> Resource::give_up(Key key) {
     return {};  // nothing above it can be adopted; the exhausted space refuses acquires anyway
   }
   const std::uint32_t seen = stored_ ? stored_->seen : 0;
-  return store_epochs(
-      StoredEpochs{.used = key.epoch() + 1, .seen = std::max(seen, key.epoch() + 1)});
+  return store_epochs(StoredEpochs{.used = key.epoch() + 1,
+                                   .seen = std::max(seen, key.epoch() + 1),
+                                   .registering = stored_ && stored_->registering});
 }
 
 void Resource::release_shared(Key key, Time now) {

@@ -8,7 +8,8 @@
 // one runs; and the failure paths (unreadable LUs, an epoch store that cannot persist, a lost
 // REGISTER answer, keys that cannot be read back, a verify older than the lease) open no gate, read
 // before any further PR OUT, leave the loser's registration to the winner's monitor, and never
-// unregister where the node's own released key holds.
+// unregister where the node's own released key holds; an acquire, in this run or after a restart,
+// waits until an earlier REGISTER that timed out can no longer execute.
 #include <memory>
 
 #include <gtest/gtest.h>
@@ -639,6 +640,65 @@ TEST_F(ResourceTest, AnAcquireWaitsUntilAnEarlierTimedOutRegisterCanNoLongerExec
           << "LU " << lu << " has " << Key::format(key) << " beside the holder, with A's gate open";
     }
   }
+}
+
+// The same across a restart: A's acquire's REGISTER AND IGNORE EXISTING KEY on LU 1's second path
+// is held at the target past its timeout, and A's daemon dies while it is held. The restarted
+// daemon's transport knows nothing of it, but the epoch file says a REGISTER was under way, so the
+// next acquire starts its read only once that REGISTER can no longer execute (status says why),
+// and every registration of A carries the new key, with the gate open. Once nothing can execute
+// any more, the monitor clears the mark, and a restart after that acquires at once.
+TEST_F(ResourceTest, AnAcquireAfterARestartWaitsUntilTheRunBeforesRegisterCanNoLongerExecute) {
+  a->boot(a->options());
+  auto held = std::make_shared<bool>(false);
+  a->faults = [held](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+    if (!*held && c.lu == 1 && c.nexus % 10 == 1 && c.command.cdb[0] == 0x5f &&
+        action == static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey)) {
+      fault.execute_delay = kCommandTimeout + milliseconds(200);
+      *held = true;
+    }
+    return fault;
+  };
+  a->acquire();
+  ASSERT_TRUE(run_until([&] { return target.held_count(1, nexus_of(kNodeA, 1, 1)) > 0; }));
+  ASSERT_TRUE(a->store.load("pgdata").value()->registering);
+  a->crash();
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  Outcome* second = a->acquire();
+  ASSERT_TRUE(run_until([&] {
+    return second->done() || a->resource->detail().find("before it restarted") != std::string::npos;
+  })) << a->resource->detail();
+  ASSERT_FALSE(second->done()) << "the acquire did not wait for the run before's REGISTER";
+  ASSERT_TRUE(run_until([&] { return second->done(); }, kCommandTimeout * 4));
+  ASSERT_TRUE(second->result->has_value()) << second->result->error().message();
+  const Key key = **second->result;
+  ASSERT_TRUE(a->resource->gate_open());
+  run_for(2 * kCommandTimeout + kCheckInterval);  // past the held REGISTER, whenever it ran
+  const auto records = prouts_of(kNodeA);
+  ASSERT_TRUE(std::any_of(records.begin(), records.end(), [&](const auto& record) {
+    return record.lu == 1 && record.nexus % 10 == 1 && record.sa_key != key.value();
+  })) << "the first acquire's REGISTER executed";
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    for (const std::uint64_t k : keys_on(lu)) {
+      EXPECT_EQ(k, key.value()) << "LU " << lu << " has " << Key::format(k)
+                                << " beside the holder, with A's gate open";
+    }
+  }
+  ASSERT_TRUE(run_until([&] { return !a->store.load("pgdata").value()->registering; }))
+      << "the monitor did not clear the mark";
+  a->crash();
+  a->boot(a->options());
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  const Time restarted = now();
+  Outcome* third = a->acquire();
+  ASSERT_TRUE(run_until([&] { return third->done(); }));
+  ASSERT_TRUE(third->result->has_value()) << third->result->error().message();
+  EXPECT_LT(third->at - restarted, kCommandTimeout) << "a restart with nothing under way waited";
 }
 
 // A verify read that comes back a lease after it was issued does not open the gate (it would open

@@ -430,6 +430,8 @@ TEST_F(EpochsTest, TheMonitorStoresARiseOnceAndOnlyARise) {
   CountingStore counting;
   a->boot(a->options(), &counting);
   const Key key = acquired(*a);
+  // The monitor's first round stores that the acquire's REGISTERs were all answered; then nothing.
+  ASSERT_TRUE(run_until([&] { return !counting.memory.load("pgdata").value()->registering; }));
   const std::size_t after_acquire = counting.stores;
   run_for(milliseconds(2000));
   EXPECT_EQ(counting.stores, after_acquire) << "no rise, no store";

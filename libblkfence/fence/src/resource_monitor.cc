@@ -91,7 +91,9 @@ void Resource::end_waits_for_returned_commands(Time now) {
     registers_settle_ = std::min(*registers_settle_, now);
   }
   if (settling_) {
-    settling_->first = std::min(settling_->first, now);
+    // The previous run's REGISTERs are not this transport's: their wait runs to its horizon.
+    settling_->first =
+        std::max(std::min(settling_->first, now), previous_run_settles_.value_or(Time::min()));
   }
 }
 
@@ -145,6 +147,7 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
     return;
   }
   note_epochs(reads);  // S3: a key of the cluster above the stored epochs is stored
+  store_registers_settled(now);
   const bool has_keys = std::all_of(reads.lus.begin(), reads.lus.end(),
                                     [](const Reads::Lu& lu) { return lu.keys.has_value(); });
   if (leftover_ && has_keys && started >= leftover_->after) {
@@ -427,14 +430,18 @@ void Resource::after_monitor_prouts(Time now, std::function<void(Time)> step) {
 void Resource::after_registers_settle(Time now, std::function<void(Time)> step) {
   end_waits_for_returned_commands(now);
   const bool member_keys = options_.mode == Mode::kShared && !options_.primary;
-  if (member_keys || !registers_settle_ || *registers_settle_ <= now) {
+  const Time ours = registers_settle_.value_or(Time::min());
+  const Time previous_run = previous_run_settles_.value_or(Time::min());
+  if (member_keys || std::max(ours, previous_run) <= now) {
     registers_settle_.reset();
     step(now);
     return;
   }
   BLKFENCE_ASSERT(!settling_);
-  detail_ = "waiting until a REGISTER of ours that timed out can no longer execute";
-  settling_.emplace(*registers_settle_, std::move(step));
+  detail_ = ours > now ? "waiting until a REGISTER of ours that timed out can no longer execute"
+                       : "waiting until a REGISTER the daemon sent before it restarted, whose "
+                         "outcome it did not learn, can no longer execute";
+  settling_.emplace(std::max(ours, previous_run), std::move(step));
   settle_look_ = now + options_.check_interval;
 }
 

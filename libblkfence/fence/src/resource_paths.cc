@@ -106,60 +106,71 @@ void Resource::register_new_paths(Time now) {
   std::vector<std::pair<std::size_t, pr::Path>> paths = std::move(new_paths_);
   new_paths_.clear();
   after_monitor_prouts(now, [this, key, paths = std::move(paths)](Time from) mutable {
-    read_all(true, from,
-             [this, key, paths = std::move(paths)](const Reads& reads, Time at) mutable {
-               // Lost contact (or a fence) meanwhile: the key is not known to be current any
-               // more, whatever this read showed (S5). A release queued behind this registration
-               // closed the gate but leaves the state held: it waits for us.
-               const bool still = state_ == State::kHeld || state_ == State::kUnfenced;
-               if (!still || !key_current(reads, key)) {
-                 // A read that shows our key lost is a fence, declared here as the monitor would
-                 // (the gate closes now); otherwise the monitor's next round, now, decides.
-                 if (still && gate_open_) {
-                   fenced_if_lost(reads, at);
-                 }
-                 next_check_ = at;
-                 keys_next_ = true;
-                 end(fail(ErrorCode::kLost, "new paths not registered: " + key.to_string() +
-                                                " is not verified as current"),
-                     at);
-                 return;
-               }
-               std::vector<pr::Request> requests;
-               for (const auto& [lu, path] : paths) {
-                 const pr::LogicalUnit one{
-                     .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
-                 for (auto& request : pr::prout_every_path(
-                          one, codec::prout_register_and_ignore(key.value(), register_options()),
-                          "REGISTER AND IGNORE EXISTING KEY (new path)")) {
-                   // Right only while the key is current, as this read showed: not resent after
-                   // a sign that someone preempted meanwhile (a resend would register a key that
-                   // was just preempted, S5); the read afterwards decides.
-                   request.stop_when_preempted = true;
-                   requests.push_back(std::move(request));
-                 }
-               }
-               run(std::move(requests), at,
-                   [this, key, paths = std::move(paths)](const std::vector<pr::Response>& responses,
-                                                         Time done_at) mutable {
-                     note_late_registers(responses, done_at);
-                     // One request per path, in order. A path whose REGISTER was stopped by a
-                     // sign of a preempt did not register: should the read show the key still
-                     // current (the sign was about an older change), it is tried again, read
-                     // first.
-                     std::vector<std::pair<std::size_t, pr::Path>> again;
-                     for (std::size_t i = 0; i < responses.size() && i < paths.size(); ++i) {
-                       const auto& attempts = responses[i].attempts;
-                       if (!responses[i].data && !attempts.empty() &&
-                           (attempts.back().outcome == transport::Outcome::kTaskAborted ||
-                            (attempts.back().sense && attempts.back().sense->asc == 0x2a))) {
-                         again.push_back(paths[i]);
-                       }
-                     }
-                     new_paths_registered(key, std::move(paths), std::move(again),
-                                          done_at);  // the read decides
-                   });
-             });
+    read_all(
+        true, from, [this, key, paths = std::move(paths)](const Reads& reads, Time at) mutable {
+          // Lost contact (or a fence) meanwhile: the key is not known to be current any
+          // more, whatever this read showed (S5). A release queued behind this registration
+          // closed the gate but leaves the state held: it waits for us.
+          const bool still = state_ == State::kHeld || state_ == State::kUnfenced;
+          if (!still || !key_current(reads, key)) {
+            // A read that shows our key lost is a fence, declared here as the monitor would
+            // (the gate closes now); otherwise the monitor's next round, now, decides.
+            if (still && gate_open_) {
+              fenced_if_lost(reads, at);
+            }
+            next_check_ = at;
+            keys_next_ = true;
+            end(fail(ErrorCode::kLost, "new paths not registered: " + key.to_string() +
+                                           " is not verified as current"),
+                at);
+            return;
+          }
+          if (auto marked = mark_registering(); !marked) {
+            // Not registered: a restart could not know to wait for these REGISTERs. The
+            // writer keeps the paths it had; the next acquire, unfence or promote registers every
+            // path.
+            end(fail(marked.error().code(),
+                     "new paths not registered (the next acquire, unfence or promote registers "
+                     "them): " +
+                         marked.error().message()),
+                at);
+            return;
+          }
+          std::vector<pr::Request> requests;
+          for (const auto& [lu, path] : paths) {
+            const pr::LogicalUnit one{
+                .wwn = options_.lus[lu].wwn, .name = options_.lus[lu].name, .paths = {path}};
+            for (auto& request : pr::prout_every_path(
+                     one, codec::prout_register_and_ignore(key.value(), register_options()),
+                     "REGISTER AND IGNORE EXISTING KEY (new path)")) {
+              // Right only while the key is current, as this read showed: not resent after
+              // a sign that someone preempted meanwhile (a resend would register a key that
+              // was just preempted, S5); the read afterwards decides.
+              request.stop_when_preempted = true;
+              requests.push_back(std::move(request));
+            }
+          }
+          run(std::move(requests), at,
+              [this, key, paths = std::move(paths)](const std::vector<pr::Response>& responses,
+                                                    Time done_at) mutable {
+                note_late_registers(responses, done_at);
+                // One request per path, in order. A path whose REGISTER was stopped by a
+                // sign of a preempt did not register: should the read show the key still
+                // current (the sign was about an older change), it is tried again, read
+                // first.
+                std::vector<std::pair<std::size_t, pr::Path>> again;
+                for (std::size_t i = 0; i < responses.size() && i < paths.size(); ++i) {
+                  const auto& attempts = responses[i].attempts;
+                  if (!responses[i].data && !attempts.empty() &&
+                      (attempts.back().outcome == transport::Outcome::kTaskAborted ||
+                       (attempts.back().sense && attempts.back().sense->asc == 0x2a))) {
+                    again.push_back(paths[i]);
+                  }
+                }
+                new_paths_registered(key, std::move(paths), std::move(again),
+                                     done_at);  // the read decides
+              });
+        });
   });
 }
 

@@ -13,7 +13,8 @@ namespace blkfence::fence::test {
 namespace {
 
 // Path hot-plug: a new path of a LU this node holds is registered with the current key, after a
-// read, and the key stays the verified holder; a path that went away is dropped from the LU.
+// read and after the epoch file says a REGISTER is under way, and the key stays the verified
+// holder; a path that went away is dropped from the LU.
 TEST_F(ResourceTest, ANewPathOfAHeldLuIsRegisteredWithTheCurrentKey) {
   a->boot(a->options());
   const Key key = acquired(*a);
@@ -23,9 +24,22 @@ TEST_F(ResourceTest, ANewPathOfAHeldLuIsRegisteredWithTheCurrentKey) {
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
   paths.erase(paths.begin());  // the first path went away
   paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  // The acquire's REGISTERs were all answered: the monitor says so in the epoch file. The new
+  // path's REGISTER is sent only once the file says a REGISTER is under way again, so that a
+  // restart waits for it should its outcome be unknown (docs/protocol.md, "Late registrations").
+  ASSERT_TRUE(run_until([&] { return !a->store.load("pgdata").value()->registering; }));
+  auto marked_when_sent = std::make_shared<std::optional<bool>>();
+  a->faults = [&, marked_when_sent](const FaultContext& c) {
+    if (c.nexus == nexus && c.command.cdb[0] == 0x5f) {
+      *marked_when_sent = a->store.load("pgdata").value()->registering;
+    }
+    return Fault{};
+  };
   const std::size_t before = sent.size();
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  EXPECT_EQ(*marked_when_sent, std::optional(true));
+  EXPECT_TRUE(run_until([&] { return !a->store.load("pgdata").value()->registering; }));
   const auto mine = a->sent_since(before);
   const auto registrations = std::count_if(mine.begin(), mine.end(), [&](const Sent& s) {
     return s.registers() && s.sa_key == key.value();

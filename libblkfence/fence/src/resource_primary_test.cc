@@ -2,8 +2,9 @@
 // resource_test_bench.h: members register and never reserve; promote preempts the old primary's
 // key only, draws a higher epoch, and keeps the promoting member registered throughout; a cancelled
 // promote or acquire sends no PREEMPT; a failed promote leaves a member a member; a restarted
-// primary is adopted as the primary; the primary's release keeps the reservation, and a fenced
-// primary rejoins with a new epoch.
+// primary is adopted as the primary, and its promote waits for a REGISTER of the run before that
+// may still execute; the primary's release keeps the reservation, and a fenced primary rejoins with
+// a new epoch.
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -246,6 +247,49 @@ TEST_F(PrimaryTest, ARestartAdoptsThePrimaryAndTheMember) {
   EXPECT_EQ(a->resource->key(), first);
   EXPECT_EQ(b->resource->state(), State::kUnfenced);
   EXPECT_EQ(b->resource->key(), members[1]);
+}
+
+// A's promote's REGISTER AND IGNORE EXISTING KEY on LU 1's second path is held at the target past
+// its timeout, and A's daemon dies while it is held. The restarted daemon's promote waits until
+// that REGISTER can no longer execute (the epoch file says one was under way; status says why), so
+// no older key of A's is left beside the new primary's once it executed.
+TEST_F(PrimaryTest, APromoteAfterARestartWaitsUntilTheRunBeforesRegisterCanNoLongerExecute) {
+  boot_members();
+  auto held = std::make_shared<bool>(false);
+  a->faults = [held](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+    if (!*held && c.lu == 1 && c.nexus % 10 == 1 && c.command.cdb[0] == 0x5f &&
+        action == kRegisterAndIgnore) {
+      fault.execute_delay = kCommandTimeout + milliseconds(200);
+      *held = true;
+    }
+    return fault;
+  };
+  a->promote();
+  ASSERT_TRUE(run_until([&] { return target.held_count(1, nexus_of(kNodeA, 1, 1)) > 0; }));
+  a->crash();
+  a->boot(primary(*a));
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  Outcome* second = a->promote();
+  ASSERT_TRUE(run_until([&] {
+    return second->done() || a->resource->detail().find("before it restarted") != std::string::npos;
+  })) << a->resource->detail();
+  ASSERT_FALSE(second->done()) << "the promote did not wait for the run before's REGISTER";
+  ASSERT_TRUE(run_until([&] { return second->done(); }, kCommandTimeout * 4));
+  ASSERT_TRUE(second->result->has_value()) << second->result->error().message();
+  const Key key = **second->result;
+  run_for(2 * kCommandTimeout + kCheckInterval);  // past the held REGISTER, whenever it ran
+  ASSERT_EQ(target.held_count(1), 0U);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    for (const std::uint64_t k : keys_on(lu)) {
+      if (Key::node_of(k) == kNodeA) {
+        EXPECT_EQ(k, key.value()) << "LU " << lu << " has " << Key::format(k)
+                                  << " of A's beside its primary key";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ void Resource::promote(Time now, Done done) {
     done(*key_, now);  // the monitor keeps verifying it
     return;
   }
-  if (auto loaded = load_epochs(); !loaded) {
+  if (auto loaded = load_epochs(now); !loaded) {
     done(tl::unexpected(loaded.error()), now);
     return;
   }

@@ -30,6 +30,12 @@ struct StoredEpochs {
   // The highest epoch of this cluster seen on the LUs from any node (at least used): no new key may
   // be drawn at or below it, whatever the LUs show later.
   std::uint32_t seen = 0;
+  // A REGISTER of a key this node drew may have been sent and its outcome is not known yet: set
+  // before an acquire, promote or unfence registers its new key, cleared once every REGISTER of
+  // ours was answered or can no longer execute. A restart that finds it set waits until a REGISTER
+  // of the run before can no longer execute before it registers anything (docs/protocol.md,
+  // "Late registrations").
+  bool registering = false;
 
   std::uint32_t high_water() const { return used > seen ? used : seen; }
   bool operator==(const StoredEpochs&) const = default;
@@ -62,7 +68,8 @@ struct EpochFileCalls {
 };
 
 // dir/RESOURCE.epoch holding "USED SEEN" in decimal and a newline, or "USED" alone when the two are
-// equal (the format of earlier releases, which kept only the epoch the node drew).
+// equal (the format of earlier releases, which kept only the epoch the node drew); "USED SEEN
+// registering" while StoredEpochs::registering is set.
 std::unique_ptr<EpochStore> make_file_epoch_store(std::string dir,
                                                   EpochFileCalls calls = EpochFileCalls::system());
 

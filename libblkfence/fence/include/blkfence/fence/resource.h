@@ -266,13 +266,15 @@ class Resource {
   // REGISTER AND IGNORE EXISTING KEY of key on every path of every LU.
   std::vector<pr::Request> register_everywhere(Key key) const;
   std::optional<Key> adoptable(const Reads& reads, std::uint32_t stored) const;
-  [[nodiscard]] Result<void> load_epochs();
+  [[nodiscard]] Result<void> load_epochs(Time now);
   [[nodiscard]] Result<void> store_epochs(StoredEpochs epochs);
   [[nodiscard]] Result<void> store_drawn(std::uint32_t epoch);
   [[nodiscard]] Result<void> remember_epochs(const Reads& reads, std::uint32_t used_floor = 0);
   std::uint32_t seen_epoch(const Reads& reads) const;
   void note_epochs(const Reads& reads);
   void note_epochs_of_failed_read(const Reads& reads);
+  [[nodiscard]] Result<void> mark_registering();
+  void store_registers_settled(Time now);
   std::string not_held(const Reads& reads, std::uint32_t stored) const;
 
   // resource_acquire.cc: acquire and release (exclusive).
@@ -405,6 +407,11 @@ class Resource {
   // Until when a REGISTER of ours that timed out may still execute, and the first step of an
   // acquire, unfence or promote waiting for that moment (after_registers_settle).
   std::optional<Time> registers_settle_;
+  // Until when a REGISTER of the daemon's run before this one may still execute: its epoch file
+  // said one's outcome was not known (StoredEpochs::registering). Set by the first load.
+  std::optional<Time> previous_run_settles_;
+  bool previous_run_read_ = false;               // a load succeeded in this run
+  bool registers_settled_store_failed_ = false;  // said once, tried again at every round
   std::optional<std::pair<Time, std::function<void(Time)>>> settling_;
   std::optional<std::pair<Time, std::function<void(Time)>>> draining_;  // drain_look's next look
   Time settle_look_{0};  // while settling_: when to look again whether the transport got them back
