@@ -19,6 +19,15 @@ bool Resource::holding() const {
   return key_ && ((state_ == State::kHeld && gate_open_) || state_ == State::kUnfenced);
 }
 
+// Lost contact while holding: whether the key is still current is not known yet. A path that
+// appears meanwhile is neither registered (S5) nor forgotten: once a round shows the key current
+// again and the gate reopens, it is registered like any new path (the read before its REGISTER
+// checks the key once more). Forgetting it would leave the writer a path that gets RESERVATION
+// CONFLICT, and the monitor a nexus it cannot preempt a stray through.
+bool Resource::lost_contact_with_key() const {
+  return key_ && state_ == State::kLostContact;
+}
+
 // What reads showed: key registered on every LU, and the holder everywhere in exclusive mode.
 bool Resource::key_current(const Reads& reads, Key key) const {
   bool current = reads.ok();
@@ -78,7 +87,9 @@ void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time no
   if (!removed.empty()) {
     detail += std::string(added.empty() ? "" : ";") + " path gone " + removed;
   }
-  if (!added.empty() && !holding()) {
+  if (!added.empty() && lost_contact_with_key()) {
+    detail += "; registered once contact is back and the key is verified as current";
+  } else if (!added.empty() && !holding()) {
     // S5: a path that appears (or comes back) while our key is not the current one stays
     // unregistered; the next acquire or unfence registers every path.
     std::erase_if(new_paths_, [lu](const auto& pending) { return pending.first == lu; });
@@ -97,6 +108,9 @@ void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time no
 // new registrations are then taken back (and the holder's monitor would preempt them too: they rank
 // below its key).
 void Resource::register_new_paths(Time now) {
+  if (lost_contact_with_key()) {
+    return;  // kept until contact is back (check_done), or a fence or an operation drops them
+  }
   if (!holding()) {
     new_paths_.clear();
     return;

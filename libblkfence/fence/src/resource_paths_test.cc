@@ -1,6 +1,7 @@
 // Proves fence::Resource's path hot-plug (docs/protocol.md, "Paths") on the bench of
 // resource_test_bench.h: a new path of a held LU is registered with the current key, never after
-// a fence (S5), taken back when a preempt landed just before it, and never taken back unread when
+// a fence (S5), registered once contact is back when it appeared while contact was lost, taken
+// back when a preempt landed just before it, and never taken back unread when
 // the read after its REGISTER fails (S4: the monitor reads at once instead); a release asked for
 // meanwhile waits for the registration instead of failing; one hung path of a multipath LU never
 // costs contact while the other path answers; a device found again under its H:C:T:L is a new
@@ -105,6 +106,37 @@ TEST_F(ResourceTest, ADeviceFoundAgainUnderItsHctlIsANewPathAndTheOldFdIsClosed)
   EXPECT_TRUE(a->resource->gate_open());
   EXPECT_EQ(a->resource->state(), State::kHeld);
   EXPECT_EQ(a->recorder.count(EventKind::kLostContact), 0U);
+}
+
+// A path that appears while contact is lost is not registered then (whether the key is current
+// is not known), nor forgotten: once contact is back and the key is still the only holder, it is
+// registered, read first. (Simulation seed 503482727393 --strict-epochs --hotplug: a holder's only
+// path left to a LU was one that appeared during lost contact and was never registered; its
+// monitor's PREEMPT AND ABORT of a stray through it got RESERVATION CONFLICT for 26 s.)
+TEST_F(ResourceTest, ANewPathThatAppearsDuringLostContactIsRegisteredOnceContactIsBack) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+  }
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kLostContact; }));
+  const std::string device = "/dev/sg-n1-0-new";
+  target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  a->resource->update_paths(0, paths, now());
+  run_for(kCheckInterval * 3);
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value()}))
+      << "registered while contact was lost";
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+  }
+  ASSERT_TRUE(run_until([&] { return a->resource->gate_open(); }));
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 3; })) << "never registered";
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}));
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_TRUE(a->resource->gate_open());
 }
 
 // S5 for paths: after a fence, a new path (or one that comes back) is not registered; not one

@@ -313,6 +313,7 @@ class Resource {
 
   // resource_paths.cc: path hot-plug.
   bool holding() const;
+  bool lost_contact_with_key() const;
   bool key_current(const Reads& reads, Key key) const;
   void register_new_paths(Time now);
   // again: the paths whose REGISTER was stopped by a sign of a preempt (not registered).
