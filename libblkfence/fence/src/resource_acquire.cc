@@ -305,6 +305,8 @@ void Resource::acquire_failed(Key key, std::string why, Time now) {
   }
   // S4: whatever failed may still have executed; read the state before deciding anything.
   read_all(true, now, [this, key, why = std::move(why)](Reads reads, Time at) {
+    // S3: the winner's key may be on the LUs only until a target without APTPL loses power.
+    note_epochs_of_failed_read(reads);
     std::vector<pr::Request> cleanup;
     std::string left;
     std::optional<std::uint64_t> winner;

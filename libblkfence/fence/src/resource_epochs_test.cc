@@ -401,6 +401,32 @@ TEST_F(EpochsTest, AnEpochSeenByAReadThatFailedStillCounts) {
   EXPECT_GT(acquired(*a).epoch(), 41U);
 }
 
+// A cancelled acquire reads the LUs back before it ends: the key that took them meanwhile counts as
+// seen from that read, before any monitor round, for a target without APTPL may lose it at its
+// next power loss. (Simulation seed 514130068741 --strict-epochs: the read-back of a cancelled
+// acquire was the only read that showed node 1's epoch 23 before the LU lost power, and the node
+// drew epoch 22 after a restart.)
+TEST_F(EpochsTest, AnEpochSeenByACancelledAcquiresReadBackCounts) {
+  a->boot(a->options());
+  auto registering = std::make_shared<bool>(false);
+  a->faults = [registering](const FaultContext& c) {
+    *registering = *registering || c.command.cdb[0] == 0x5f;
+    return Fault{};
+  };
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return *registering; }));
+  const Key taker = key_of(kNodeB, 60);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    register_directly(nexus_of(kNodeB, lu, 0), lu, taker.value());
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_reserve(taker.value(), kWeRo));
+  }
+  a->resource->cancel();
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_FALSE(outcome->result->has_value());
+  EXPECT_EQ(a->seen_epoch(), 60U) << "stored from the read-back";
+}
+
 // A first start that found no key keeps no file; a later round whose READ RESERVATION fails while
 // its READ KEYS shows B's key stores that epoch all the same, so a restart after the target forgot
 // still draws above it.

@@ -268,6 +268,8 @@ bool Resource::of_old_primary(const std::set<std::uint64_t>& victims, std::uint6
 void Resource::promote_failed(Key key, std::string why, Time now, ErrorCode failure) {
   ++counters_.acquire_failures;
   read_all(true, now, [this, key, why = std::move(why), failure](const Reads& reads, Time at) {
+    // S3: the winner's key may be on the LUs only until a target without APTPL loses power.
+    note_epochs_of_failed_read(reads);
     const ErrorCode code = cancelled_ ? ErrorCode::kCancelled : failure;
     primary_ = false;
     for (std::size_t i = 0; i < reads.lus.size(); ++i) {
