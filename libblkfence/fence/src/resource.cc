@@ -426,6 +426,7 @@ Result<void> Resource::load_epochs(Time now) {
     return tl::unexpected(loaded.error());
   }
   stored_ = *loaded;
+  registering_stored_ = stored_ && stored_->registering;
   if (!previous_run_read_ && stored_ && stored_->registering) {
     // The run before ended with a REGISTER of ours whose outcome it did not learn, sent at the
     // latest just before it ended, now: it may still execute for the command's timeout, and then
@@ -458,6 +459,9 @@ Result<void> Resource::store_epochs(StoredEpochs epochs) {
   if (stored || stored.error().code() != ErrorCode::kBusy) {
     attempted_ = epochs;
     high_water_ = std::max(high_water_, epochs.high_water());
+    // The disk says a REGISTER is under way only after a store of it succeeded, and may have
+    // stopped saying so after any store without it was tried, whatever that one reported.
+    registering_stored_ = epochs.registering && stored.has_value();
   }
   if (!stored) {
     return stored;
@@ -477,13 +481,17 @@ Result<void> Resource::store_drawn(std::uint32_t epoch) {
 // Before a REGISTER of the key the node holds (a new path's): the epoch file says one is under way,
 // as store_drawn() does for a new key.
 Result<void> Resource::mark_registering() {
-  if (stored_ && stored_->registering) {
+  if (options_.mode == Mode::kShared && !options_.primary) {
+    return {};  // members' keys are all epoch 0: a late REGISTER of one changes nothing
+  }
+  if (registering_stored_) {
     return {};
   }
-  if (!stored_ || !epochs_loaded_) {
-    return fail(ErrorCode::kIndeterminate,
+  if (!epochs_loaded_ || !stored_) {
+    return fail(ErrorCode::kInvalidArgument,
                 epochs_.where(options_.name) +
-                    " was not read: a REGISTER is not sent until it says one is under way");
+                    (epochs_loaded_ ? " does not exist" : " could not be read at its last load") +
+                    ": a REGISTER is sent only once that file says one is under way");
   }
   StoredEpochs marked = *stored_;
   marked.registering = true;

@@ -31,6 +31,7 @@ void Resource::acquire(Time now, Done done) {
   uncertain_.assign(options_.lus.size(), false);
   leftover_.reset();   // the new key replaces it on every path
   new_paths_.clear();  // every path is registered
+  paths_after_a_round_.clear();
   const State before = state_;
   set_gate(false, now);
   set_state(State::kAcquiring, "reading keys and reservations");

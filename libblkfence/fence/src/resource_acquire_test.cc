@@ -690,6 +690,8 @@ TEST_F(ResourceTest, AnAcquireAfterARestartWaitsUntilTheRunBeforesRegisterCanNoL
   }
   ASSERT_TRUE(run_until([&] { return !a->store.load("pgdata").value()->registering; }))
       << "the monitor did not clear the mark";
+  Outcome* released = a->release();  // so that the restart does not adopt the key
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
   a->crash();
   a->boot(a->options());
   a->resource->start(now());
@@ -698,6 +700,7 @@ TEST_F(ResourceTest, AnAcquireAfterARestartWaitsUntilTheRunBeforesRegisterCanNoL
   Outcome* third = a->acquire();
   ASSERT_TRUE(run_until([&] { return third->done(); }));
   ASSERT_TRUE(third->result->has_value()) << third->result->error().message();
+  EXPECT_NE(**third->result, key) << "adopted, not acquired";
   EXPECT_LT(third->at - restarted, kCommandTimeout) << "a restart with nothing under way waited";
 }
 

@@ -159,9 +159,7 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
   } else if (state_ == State::kHeld || lost) {
     check_held(reads, has_keys, started, now);
   }
-  if (lost && holding() && op_ == Op::kNone && !new_paths_.empty()) {
-    register_new_paths(now);  // paths that appeared while contact was lost
-  }
+  register_paths_after_a_round(now);
 }
 
 void Resource::count_check(Time started, Time now) {

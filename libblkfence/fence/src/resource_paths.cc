@@ -70,6 +70,9 @@ void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time no
   std::erase_if(new_paths_, [&](const auto& pending) {
     return pending.first == lu && !known(paths, pending.second);
   });
+  std::erase_if(paths_after_a_round_, [&](const auto& pending) {
+    return pending.first == lu && !known(paths, pending.second);
+  });
   if (added.empty() && removed.empty()) {
     return;
   }
@@ -98,6 +101,30 @@ void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time no
   emit(EventKind::kPathsChanged, detail, std::nullopt, options_.lus[lu].name);
   if (op_ == Op::kNone && !new_paths_.empty()) {
     register_new_paths(now);
+  }
+}
+
+// New paths whose registration ended on a read that failed: whether the key is current was not
+// shown, so they are registered after the next round that reads every LU, if that round leaves the
+// key current (the gate open, or unfenced); a fence or a release drops them. Not at once: a read
+// that fails at once would make that a loop.
+void Resource::retry_paths_after_a_round(
+    const std::vector<std::pair<std::size_t, pr::Path>>& paths) {
+  if (holding() || lost_contact_with_key()) {
+    paths_after_a_round_.insert(paths_after_a_round_.end(), paths.begin(), paths.end());
+  }
+}
+
+// At the end of a round that read every LU (check_done).
+void Resource::register_paths_after_a_round(Time now) {
+  if (holding()) {
+    new_paths_.insert(new_paths_.end(), paths_after_a_round_.begin(), paths_after_a_round_.end());
+    paths_after_a_round_.clear();
+  } else if (!lost_contact_with_key()) {
+    paths_after_a_round_.clear();
+  }
+  if (holding() && op_ == Op::kNone && !new_paths_.empty()) {
+    register_new_paths(now);  // those too that appeared while contact was lost
   }
 }
 
@@ -131,6 +158,9 @@ void Resource::register_new_paths(Time now) {
             // (the gate closes now); otherwise the monitor's next round, now, decides.
             if (still && gate_open_) {
               fenced_if_lost(reads, at);
+            }
+            if (!reads.ok()) {
+              retry_paths_after_a_round(paths);  // a read that failed proved nothing
             }
             next_check_ = at;
             keys_next_ = true;
@@ -201,6 +231,7 @@ void Resource::new_paths_registered(Key key, std::vector<std::pair<std::size_t, 
           // the holder removes, and if the key is current the new paths are registered.
           next_check_ = at;
           keys_next_ = true;
+          retry_paths_after_a_round(paths);
           end(fail(ErrorCode::kIndeterminate, "new paths: reading back after registering failed: " +
                                                   reads.errors(options_.lus)),
               at);

@@ -1,7 +1,8 @@
 // Proves fence::Resource's path hot-plug (docs/protocol.md, "Paths") on the bench of
 // resource_test_bench.h: a new path of a held LU is registered with the current key, never after
-// a fence (S5), registered once contact is back when it appeared while contact was lost, taken
-// back when a preempt landed just before it, and never taken back unread when
+// a fence (S5), registered once contact is back when it appeared while contact was lost or its
+// first read failed, registered for a shared member without an epoch file, taken back when a
+// preempt landed just before it, and never taken back unread when
 // the read after its REGISTER fails (S4: the monitor reads at once instead); a release asked for
 // meanwhile waits for the registration instead of failing; one hung path of a multipath LU never
 // costs contact while the other path answers; a device found again under its H:C:T:L is a new
@@ -136,6 +137,48 @@ TEST_F(ResourceTest, ANewPathThatAppearsDuringLostContactIsRegisteredOnceContact
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}));
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
   EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_TRUE(a->resource->gate_open());
+}
+
+// A path that appears just as contact goes: its registration's first read fails. Whether the key
+// is current was not shown, so the path is registered after the next round that reads every LU
+// and finds the key current, here once contact is back.
+TEST_F(ResourceTest, ANewPathWhoseFirstReadFailsIsRegisteredAfterAGoodRound) {
+  a->boot(a->options());
+  const Key key = acquired(*a);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+  }
+  const std::string device = "/dev/sg-n1-0-new";
+  target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kLostContact; }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+  }
+  ASSERT_TRUE(run_until([&] { return a->resource->gate_open(); }));
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 3; })) << "never registered";
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}));
+}
+
+// Shared mode: a member's key has epoch 0 and it keeps no epoch file; its new paths are registered
+// all the same (a late REGISTER of the one member key changes nothing, so no mark is needed).
+TEST_F(ResourceTest, ANewPathOfASharedMemberIsRegisteredWithoutAnEpochFile) {
+  a->boot(a->options(Mode::kShared));
+  Outcome* unfenced = a->unfence();
+  ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
+  ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
+  const Key key = **unfenced->result;
+  ASSERT_EQ(a->store.load("pgdata").value(), std::nullopt);
+  const std::string device = "/dev/sg-n1-0-new";
+  target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  a->resource->update_paths(0, paths, now());
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}));
   EXPECT_TRUE(a->resource->gate_open());
 }
 

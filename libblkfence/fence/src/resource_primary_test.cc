@@ -20,6 +20,27 @@ constexpr auto kPreempt = static_cast<std::uint8_t>(codec::PrOutAction::kPreempt
 constexpr auto kRegisterAndIgnore =
     static_cast<std::uint8_t>(codec::PrOutAction::kRegisterAndIgnoreExistingKey);
 
+// The node's disk, whose first load fails (slow at the daemon's start), and then answers.
+class FirstLoadFails final : public EpochStore {
+ public:
+  explicit FirstLoadFails(EpochStore& inner) : inner_(inner) {}
+  Result<std::optional<StoredEpochs>> load(const std::string& resource) override {
+    if (!failed_) {
+      failed_ = true;
+      return fail(ErrorCode::kIndeterminate, "load " + resource + ": not done after 1000 ms");
+    }
+    return inner_.load(resource);
+  }
+  Result<void> store(const std::string& resource, StoredEpochs epochs) override {
+    return inner_.store(resource, epochs);
+  }
+  std::string where(const std::string& resource) const override { return inner_.where(resource); }
+
+ private:
+  EpochStore& inner_;
+  bool failed_ = false;
+};
+
 class PrimaryTest : public ResourceTest {
  protected:
   ResourceOptions primary(Node& node) const {
@@ -287,6 +308,50 @@ TEST_F(PrimaryTest, APromoteAfterARestartWaitsUntilTheRunBeforesRegisterCanNoLon
       if (Key::node_of(k) == kNodeA) {
         EXPECT_EQ(k, key.value()) << "LU " << lu << " has " << Key::format(k)
                                   << " of A's beside its primary key";
+      }
+    }
+  }
+}
+
+// The same for an unfence, right after a start whose load of the epoch file failed: the unfence
+// reads the file itself (it draws a key), finds the run before's REGISTER under way, and waits.
+TEST_F(PrimaryTest, AnUnfenceAfterARestartWhoseFirstLoadFailedStillWaits) {
+  boot_members();
+  auto held = std::make_shared<bool>(false);
+  a->faults = [held](const FaultContext& c) {
+    Fault fault;
+    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+    if (!*held && c.lu == 1 && c.nexus % 10 == 1 && c.command.cdb[0] == 0x5f &&
+        action == kRegisterAndIgnore) {
+      fault.execute_delay = kCommandTimeout + milliseconds(200);
+      *held = true;
+    }
+    return fault;
+  };
+  a->promote();
+  ASSERT_TRUE(run_until([&] { return target.held_count(1, nexus_of(kNodeA, 1, 1)) > 0; }));
+  a->crash();
+  FirstLoadFails slow(a->store);
+  a->boot(primary(*a), &slow);
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  ASSERT_EQ(a->resource->state(), State::kUnknown) << a->resource->detail();
+  Outcome* unfenced = a->unfence();
+  ASSERT_TRUE(run_until([&] {
+    return unfenced->done() ||
+           a->resource->detail().find("before it restarted") != std::string::npos;
+  })) << a->resource->detail();
+  ASSERT_FALSE(unfenced->done()) << "the unfence did not wait for the run before's REGISTER";
+  ASSERT_TRUE(run_until([&] { return unfenced->done(); }, kCommandTimeout * 4));
+  ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
+  const Key key = **unfenced->result;
+  run_for(2 * kCommandTimeout + kCheckInterval);  // past the held REGISTER, whenever it ran
+  ASSERT_EQ(target.held_count(1), 0U);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    for (const std::uint64_t k : keys_on(lu)) {
+      if (Key::node_of(k) == kNodeA) {
+        EXPECT_EQ(k, key.value()) << "LU " << lu << " has " << Key::format(k)
+                                  << " of A's beside its member key";
       }
     }
   }

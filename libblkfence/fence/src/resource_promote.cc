@@ -36,6 +36,7 @@ void Resource::promote(Time now, Done done) {
   begin(Op::kPromote, std::move(done));
   promoting_member_ = gate_open_;
   new_paths_.clear();  // every path is registered with the new key
+  paths_after_a_round_.clear();
   detail_ = "promoting: reading keys and reservations";
   // S4: a PR OUT of ours that failed or timed out before is read back first.
   after_monitor_prouts(now, [this](Time monitor_done) {

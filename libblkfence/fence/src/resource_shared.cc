@@ -23,9 +23,18 @@ void Resource::unfence(Time now, Done done) {
     done(*key_, now);
     return;
   }
+  // Primary mode draws the member's key: its epochs, and whether the run before left a REGISTER
+  // under way (docs/protocol.md, "Late registrations"), are read first, as a promote does.
+  if (options_.primary) {
+    if (auto loaded = load_epochs(now); !loaded) {
+      done(tl::unexpected(loaded.error()), now);
+      return;
+    }
+  }
   begin(Op::kUnfence, std::move(done));
   primary_ = false;
   new_paths_.clear();  // every path is registered
+  paths_after_a_round_.clear();
   fenced_by_.reset();
   set_state(State::kUnfencing, "reading before registering");
   // S4: a PR OUT of ours that failed or timed out before (an unfence, a fence, a release) is read

@@ -314,6 +314,8 @@ class Resource {
   // resource_paths.cc: path hot-plug.
   bool holding() const;
   bool lost_contact_with_key() const;
+  void retry_paths_after_a_round(const std::vector<std::pair<std::size_t, pr::Path>>& paths);
+  void register_paths_after_a_round(Time now);
   bool key_current(const Reads& reads, Key key) const;
   void register_new_paths(Time now);
   // again: the paths whose REGISTER was stopped by a sign of a preempt (not registered).
@@ -368,6 +370,7 @@ class Resource {
   std::optional<StoredEpochs> stored_;  // what the node's disk holds; nullopt while it has no file
   StoredEpochs attempted_;              // the highest of every store tried, whatever it reported
   bool epochs_loaded_ = false;          // the last load of the epoch file succeeded
+  bool registering_stored_ = false;     // the disk surely says a REGISTER is under way
   std::uint32_t epoch_store_failed_ = 0;  // the highest seen epoch the monitor failed to store
   std::optional<std::uint64_t> fenced_by_;
   std::string detail_;
@@ -401,6 +404,8 @@ class Resource {
   std::map<std::uint64_t, Time> stray_seen_;
   // New paths (LU index, path) waiting to be registered once the resource is idle.
   std::vector<std::pair<std::size_t, pr::Path>> new_paths_;
+  // New paths whose registration ended on a failed read, for the next round that reads every LU.
+  std::vector<std::pair<std::size_t, pr::Path>> paths_after_a_round_;
   std::function<void(Time)> queued_;  // an acquire or release waiting for a new-path registration
   int monitor_prouts_ = 0;            // batches of PR OUTs the monitor sent, not answered yet
   std::optional<Time> monitor_prouts_answered_;  // when the last of them was answered
