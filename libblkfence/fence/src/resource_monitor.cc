@@ -159,7 +159,7 @@ void Resource::check_done(const Reads& reads, Time started, Time now) {
   } else if (state_ == State::kHeld || lost) {
     check_held(reads, has_keys, started, now);
   }
-  register_paths_after_a_round(now);
+  register_paths_after_a_round(reads, now);
 }
 
 void Resource::count_check(Time started, Time now) {

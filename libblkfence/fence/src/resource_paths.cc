@@ -110,20 +110,39 @@ void Resource::update_paths(std::size_t lu, std::vector<pr::Path> paths, Time no
 // that fails at once would make that a loop.
 void Resource::retry_paths_after_a_round(
     const std::vector<std::pair<std::size_t, pr::Path>>& paths) {
-  if (holding() || lost_contact_with_key()) {
-    paths_after_a_round_.insert(paths_after_a_round_.end(), paths.begin(), paths.end());
+  if (!holding() && !lost_contact_with_key()) {
+    return;  // fenced or released: the next acquire or unfence registers every path
+  }
+  for (const auto& pending : paths) {
+    const pr::Path& path = pending.second;
+    const auto& current = options_.lus[pending.first].paths;
+    if (std::any_of(current.begin(), current.end(), [&path](const pr::Path& p) {
+          return p.hctl == path.hctl && p.sg == path.sg && p.sd == path.sd;
+        })) {
+      paths_after_a_round_.push_back(pending);  // not one that went away meanwhile
+    }
   }
 }
 
-// At the end of a round that read every LU (check_done).
-void Resource::register_paths_after_a_round(Time now) {
-  if (holding()) {
-    new_paths_.insert(new_paths_.end(), paths_after_a_round_.begin(), paths_after_a_round_.end());
-    paths_after_a_round_.clear();
-  } else if (!lost_contact_with_key()) {
-    paths_after_a_round_.clear();
+// At the end of a round that read every LU (check_done): the paths waiting for one are registered
+// once it shows the key current, keys included (a round without keys, or one that shows the key
+// gone, leaves them waiting, or a fence drops them).
+void Resource::register_paths_after_a_round(const Reads& reads, Time now) {
+  if (!holding()) {
+    if (!lost_contact_with_key()) {
+      paths_after_a_round_.clear();
+    }
+    return;
   }
-  if (holding() && op_ == Op::kNone && !new_paths_.empty()) {
+  const bool has_keys = std::all_of(reads.lus.begin(), reads.lus.end(),
+                                    [](const Reads::Lu& lu) { return lu.keys.has_value(); });
+  if (!has_keys || !key_current(reads, *key_)) {
+    keys_next_ = keys_next_ || !paths_after_a_round_.empty() || !new_paths_.empty();
+    return;
+  }
+  new_paths_.insert(new_paths_.end(), paths_after_a_round_.begin(), paths_after_a_round_.end());
+  paths_after_a_round_.clear();
+  if (op_ == Op::kNone && !new_paths_.empty()) {
     register_new_paths(now);  // those too that appeared while contact was lost
   }
 }
@@ -159,9 +178,10 @@ void Resource::register_new_paths(Time now) {
             if (still && gate_open_) {
               fenced_if_lost(reads, at);
             }
-            if (!reads.ok()) {
-              retry_paths_after_a_round(paths);  // a read that failed proved nothing
-            }
+            // A read that failed proved nothing, and one that came back while contact was being
+            // declared lost may show the key current again at the next round; after a fence or
+            // a release they are dropped.
+            retry_paths_after_a_round(paths);
             next_check_ = at;
             keys_next_ = true;
             end(fail(ErrorCode::kLost, "new paths not registered: " + key.to_string() +

@@ -315,7 +315,7 @@ class Resource {
   bool holding() const;
   bool lost_contact_with_key() const;
   void retry_paths_after_a_round(const std::vector<std::pair<std::size_t, pr::Path>>& paths);
-  void register_paths_after_a_round(Time now);
+  void register_paths_after_a_round(const Reads& reads, Time now);
   bool key_current(const Reads& reads, Key key) const;
   void register_new_paths(Time now);
   // again: the paths whose REGISTER was stopped by a sign of a preempt (not registered).
