@@ -650,19 +650,7 @@ TEST_F(ResourceTest, AnAcquireWaitsUntilAnEarlierTimedOutRegisterCanNoLongerExec
 // any more, the monitor clears the mark, and a restart after that acquires at once.
 TEST_F(ResourceTest, AnAcquireAfterARestartWaitsUntilTheRunBeforesRegisterCanNoLongerExecute) {
   a->boot(a->options());
-  auto held = std::make_shared<bool>(false);
-  a->faults = [held](const FaultContext& c) {
-    Fault fault;
-    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
-    if (!*held && c.lu == 1 && c.nexus % 10 == 1 && c.command.cdb[0] == 0x5f &&
-        action == static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey)) {
-      fault.execute_delay = kCommandTimeout + milliseconds(200);
-      *held = true;
-    }
-    return fault;
-  };
-  a->acquire();
-  ASSERT_TRUE(run_until([&] { return target.held_count(1, nexus_of(kNodeA, 1, 1)) > 0; }));
+  ASSERT_NO_FATAL_FAILURE(hold_first_register(*a, [&] { a->acquire(); }));
   ASSERT_TRUE(a->store.load("pgdata").value()->registering);
   a->crash();
   a->boot(a->options());

@@ -276,19 +276,7 @@ TEST_F(PrimaryTest, ARestartAdoptsThePrimaryAndTheMember) {
 // no older key of A's is left beside the new primary's once it executed.
 TEST_F(PrimaryTest, APromoteAfterARestartWaitsUntilTheRunBeforesRegisterCanNoLongerExecute) {
   boot_members();
-  auto held = std::make_shared<bool>(false);
-  a->faults = [held](const FaultContext& c) {
-    Fault fault;
-    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
-    if (!*held && c.lu == 1 && c.nexus % 10 == 1 && c.command.cdb[0] == 0x5f &&
-        action == kRegisterAndIgnore) {
-      fault.execute_delay = kCommandTimeout + milliseconds(200);
-      *held = true;
-    }
-    return fault;
-  };
-  a->promote();
-  ASSERT_TRUE(run_until([&] { return target.held_count(1, nexus_of(kNodeA, 1, 1)) > 0; }));
+  ASSERT_NO_FATAL_FAILURE(hold_first_register(*a, [&] { a->promote(); }));
   a->crash();
   a->boot(primary(*a));
   a->resource->start(now());
@@ -317,19 +305,7 @@ TEST_F(PrimaryTest, APromoteAfterARestartWaitsUntilTheRunBeforesRegisterCanNoLon
 // reads the file itself (it draws a key), finds the run before's REGISTER under way, and waits.
 TEST_F(PrimaryTest, AnUnfenceAfterARestartWhoseFirstLoadFailedStillWaits) {
   boot_members();
-  auto held = std::make_shared<bool>(false);
-  a->faults = [held](const FaultContext& c) {
-    Fault fault;
-    const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
-    if (!*held && c.lu == 1 && c.nexus % 10 == 1 && c.command.cdb[0] == 0x5f &&
-        action == kRegisterAndIgnore) {
-      fault.execute_delay = kCommandTimeout + milliseconds(200);
-      *held = true;
-    }
-    return fault;
-  };
-  a->promote();
-  ASSERT_TRUE(run_until([&] { return target.held_count(1, nexus_of(kNodeA, 1, 1)) > 0; }));
+  ASSERT_NO_FATAL_FAILURE(hold_first_register(*a, [&] { a->promote(); }));
   a->crash();
   FirstLoadFails slow(a->store);
   a->boot(primary(*a), &slow);

@@ -391,6 +391,24 @@ class ResourceTest : public ::testing::Test {
   }
   // Sets a registration behind the protocol's back, as another initiator (or a late command) would.
   // A pending unit attention stops the first try, as it would the real command.
+  // Holds node's first REGISTER AND IGNORE EXISTING KEY on LU 1's second path at the target past
+  // its timeout, and waits until it is held there: it executes late, whatever becomes of the
+  // daemon that sent it (a restart's case). start: what sends it.
+  void hold_first_register(Node& node, const std::function<void()>& start) {
+    auto held = std::make_shared<bool>(false);
+    node.faults = [held](const FaultContext& c) {
+      Fault fault;
+      const auto action = static_cast<std::uint8_t>(c.command.cdb[1] & 0x1fU);
+      if (!*held && c.lu == 1 && c.nexus % 10 == 1 && c.command.cdb[0] == 0x5f &&
+          action == static_cast<std::uint8_t>(codec::PrOutAction::kRegisterAndIgnoreExistingKey)) {
+        fault.execute_delay = kCommandTimeout + milliseconds(200);
+        *held = true;
+      }
+      return fault;
+    };
+    start();
+    ASSERT_TRUE(run_until([&] { return target.held_count(1, nexus_of(node.id(), 1, 1)) > 0; }));
+  }
   void register_directly(NexusId nexus, std::size_t lu, std::uint64_t key) {
     std::uint8_t status = 0xff;
     for (int attempt = 0; attempt < 3 && status != 0; ++attempt) {
