@@ -185,6 +185,10 @@ DaemonEnv system_daemon_env() {
           [env = pr::system_discovery_env()](const transport::DeviceNumber& node,
                                              const std::string& device, const std::string& wwn) {
             return pr::check_identity(node, device, wwn, env);
+          },
+      .host_queues =
+          [](const std::string& run_dir) {
+            return std::make_unique<HostQueues>(HostQueues::system(run_dir));
           }};
 }
 
@@ -201,6 +205,9 @@ Result<std::unique_ptr<Daemon>> Daemon::make(Config config, const DaemonEnv& env
   std::unique_ptr<Daemon> daemon(new Daemon());
   daemon->config_ = std::move(config);
   daemon->writes_in_flight_ = env.writes_in_flight;
+  if (env.host_queues) {
+    daemon->host_queues_ = env.host_queues(daemon->config_.run_dir);
+  }
   const Config& c = daemon->config_;
   if (auto made = make_dir(c.state_dir, 0700); !made) {
     return tl::unexpected(made.error());
@@ -294,7 +301,21 @@ void Daemon::add_resource(const ResourceConfig& resource, std::vector<pr::Logica
       .verify_rounds_max = 3,
       .writes_in_flight = writes_in_flight_,
       .drain_wait = kDrainWait,
+      .host_queueing = {},
   };
+  if (host_queues_) {
+    options.host_queueing = [this, name = resource.name](const pr::LogicalUnit& lu, bool queue) {
+      auto set = host_queues_->set(name, lu, queue);
+      if (!set) {
+        log(Priority::kErr,
+            std::string(queue ? "cannot let " : "cannot stop ") +
+                "the host's queues of writes on " + lu.name + (queue ? " queue again: " : ": ") +
+                set.error().message(),
+            {.resource = name, .key = {}, .epoch = {}, .device = {}, .message_id = {}});
+      }
+      return set;
+    };
+  }
   resources_.push_back(
       std::make_unique<fence::Resource>(std::move(options), *engine_, *epochs_, *this));
 }

@@ -33,6 +33,7 @@
 #include "config.h"
 #include "control_server.h"
 #include "gate.h"
+#include "host_queues.h"
 
 struct sd_event;
 struct sd_event_source;
@@ -74,6 +75,8 @@ struct DaemonEnv {
   // Whether a path opened (again) reaches its LU (pr::check_identity on /sys); unset, nothing is
   // checked (pr::Engine::check_identity_with()).
   pr::Engine::IdentityCheck check_identity;
+  // The host's queues of writes in run_dir (HostQueues::system); unset, the host has none.
+  std::function<std::unique_ptr<HostQueues>(const std::string& run_dir)> host_queues;
 };
 // How long that re-key waits for them: longer than the SCSI midlayer's default command timeout
 // (30 s) and one retry, so that a write that will never complete has been failed by the kernel by
@@ -165,6 +168,7 @@ class Daemon final : public fence::Observer, public ControlHandler {
   std::unique_ptr<pr::Engine> engine_;
   std::unique_ptr<fence::EpochStore> epochs_;
   std::function<Result<std::uint64_t>(const pr::LogicalUnit& lu)> writes_in_flight_;
+  std::unique_ptr<HostQueues> host_queues_;
   std::unique_ptr<Gate> gate_;
   std::vector<std::unique_ptr<fence::Resource>> resources_;
   // Resources whose devices this host does not have yet, and why: no fence::Resource until they

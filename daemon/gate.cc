@@ -114,15 +114,13 @@ std::string Gate::token_path(const std::string& resource) const {
   return run_dir_ + "/" + resource + ".token";
 }
 
-Result<void> Gate::open(const std::string& resource, fence::Key key) {
-  const std::string path = token_path(resource);
+Result<void> replace_file(const std::string& path, const std::string& text) {
   const std::string temporary = path + ".new";
   {
     const UniqueFd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!fd.valid()) {
       return tl::unexpected(Error::os(errno, "create " + temporary));
     }
-    const std::string text = key.to_string() + "\n";
     if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
       return tl::unexpected(Error::os(errno == 0 ? EIO : errno, "write " + temporary));
     }
@@ -131,6 +129,10 @@ Result<void> Gate::open(const std::string& resource, fence::Key key) {
     return tl::unexpected(Error::os(errno, "rename " + temporary));
   }
   return {};
+}
+
+Result<void> Gate::open(const std::string& resource, fence::Key key) {
+  return replace_file(token_path(resource), key.to_string() + "\n");
 }
 
 void Gate::close(const std::string& resource) {

@@ -31,6 +31,10 @@ namespace blkfence::daemon {
 
 struct ManagerCall;  // one method call to systemd's manager, and what to log about it (gate.cc)
 
+// Writes text to path through a temporary file renamed over it (mode 0644), so that a reader sees
+// the old text or the new one, never half of one.
+[[nodiscard]] Result<void> replace_file(const std::string& path, const std::string& text);
+
 class Gate {
  public:
   Gate(sd_event* event, std::string run_dir);

@@ -278,7 +278,9 @@ class SimDevices {
         // The simulated LUs have no block device, and nothing writes to them but the tests.
         .writes_in_flight = [](const pr::LogicalUnit&) -> Result<std::uint64_t> { return 0; },
         // The simulated transport has no device nodes to check.
-        .check_identity = nullptr};
+        .check_identity = nullptr,
+        // Nor any multipath map on its LUs.
+        .host_queues = nullptr};
   }
 
   transport::SimTarget& target() { return target_; }

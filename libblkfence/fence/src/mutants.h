@@ -113,4 +113,14 @@ constexpr bool kRekeyWithoutDrain = true;
 constexpr bool kRekeyWithoutDrain = false;
 #endif
 
+// The host's queues of writes (dm-multipath queue_if_no_path) are left queueing while the gate is
+// closed, as before blkfence stopped them (S1): a write the map held across a fence goes out once
+// the node registered again, and lands. Caught by the lab (smoke/rekey_inflight.sh, case
+// queued-mutant).
+#ifdef BLKFENCE_MUTANT_KEEP_HOST_QUEUES
+constexpr bool kKeepHostQueues = true;
+#else
+constexpr bool kKeepHostQueues = false;
+#endif
+
 }  // namespace blkfence::fence::mutant

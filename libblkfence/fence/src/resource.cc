@@ -274,6 +274,32 @@ std::vector<pr::Request> Resource::register_everywhere(Key key) const {
 // came by: docs/reference/lio.md §6.)
 void Resource::drain_before_rekey(const Reads& reads, Key key, Time now,
                                   std::function<void(const std::string&, Time)> then) {
+  // docs/protocol.md, "Writes queued in the initiator": nothing the host held back while the node
+  // was fenced may go out through the nexus this REGISTER makes registered again. The queues are
+  // stopped now, so that the writes they held fail and the count below sees what is left, and
+  // again right before the REGISTER (multipathd may turn queueing back on at any path event). Left
+  // alone only for a member whose gate is open and whose key the reads show on every LU (a
+  // promote): what it queued goes out through a nexus that stays registered.
+  bool registered_everywhere = gate_open_;
+  for (std::size_t i = 0; i < options_.lus.size() && registered_everywhere; ++i) {
+    const auto& keys = reads.lus[i].keys;
+    registered_everywhere = keys && std::any_of(keys->keys.begin(), keys->keys.end(),
+                                                [this](std::uint64_t k) { return ours(k); });
+  }
+  if (!registered_everywhere && !mutant::kKeepHostQueues) {
+    const auto not_stopped = [](const std::string& failed) {
+      return "the host's queues of writes could not be stopped (" + failed +
+             "): nothing is registered while one may hold a write from before";
+    };
+    if (const std::string failed = set_host_queueing(false); !failed.empty()) {
+      then(not_stopped(failed), now);
+      return;
+    }
+    then = [this, then = std::move(then), not_stopped](const std::string& draining, Time at) {
+      const std::string failed = draining.empty() ? set_host_queueing(false) : std::string();
+      then(failed.empty() ? draining : not_stopped(failed), at);
+    };
+  }
   std::vector<std::size_t> lus;
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     const auto holder = reads.holder(i);
@@ -375,12 +401,31 @@ bool Resource::queue_behind_paths(std::function<void(Time)> op) {
   return true;
 }
 
+std::string Resource::set_host_queueing(bool queue) {
+  std::string failed;
+  if (!options_.host_queueing) {
+    return failed;
+  }
+  for (const pr::LogicalUnit& lu : options_.lus) {
+    if (auto set = options_.host_queueing(lu, queue); !set) {
+      failed += (failed.empty() ? "" : "; ") + lu.name + ": " + set.error().message();
+    }
+  }
+  return failed;
+}
+
 void Resource::set_gate(bool open, Time verified_since) {
   if (gate_open_ == open) {
     return;
   }
   gate_open_ = open;
   observer_.on_gate(*this, open, verified_since);
+  // Closed: the writes the host holds back fail, and none is held from now on; after the token is
+  // gone and the writer is being stopped, since telling a map may wait on it. (A failure is the
+  // daemon's to log: the next REGISTER stops them again, and refuses.)
+  if (!mutant::kKeepHostQueues) {
+    (void)set_host_queueing(open);
+  }
 }
 
 void Resource::set_state(State state, std::string detail) {

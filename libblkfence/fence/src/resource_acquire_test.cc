@@ -282,6 +282,75 @@ TEST_F(ResourceTest, AnOlderKeyOfItsOwnHoldingThroughAVanishedPathIsPreempted) {
   EXPECT_EQ(a->resource->state(), State::kHeld);
 }
 
+// docs/protocol.md, "Writes queued in the initiator": while the gate is closed no queue of the host
+// holds writes. An acquire stops every LU's queues before its first REGISTER and lets them queue
+// again once its gate opens; a fence stops them as the gate closes; a queue that cannot be stopped
+// fails the next acquire before it registers anything.
+TEST_F(ResourceTest, TheHostsQueuesAreStoppedWhileTheGateIsClosedAndBeforeARegister) {
+  struct Call {
+    std::string lu;
+    bool queue = false;
+    std::size_t registers_sent = 0;  // node A's REGISTERs on the wire by then
+    bool gate_open = false;
+  };
+  std::vector<Call> calls;
+  bool refuse = false;
+  ResourceOptions options = a->options();
+  options.host_queueing = [&](const pr::LogicalUnit& lu, bool queue) -> Result<void> {
+    const auto mine = a->sent_since(0);
+    calls.push_back({lu.name, queue,
+                     static_cast<std::size_t>(std::count_if(
+                         mine.begin(), mine.end(), [](const Sent& s) { return s.registers(); })),
+                     a->resource && a->resource->gate_open()});
+    if (refuse) {
+      return fail(ErrorCode::kOs, "dm-7: message fail_if_no_path: Invalid argument");
+    }
+    return {};
+  };
+  a->boot(std::move(options));
+  b->boot(b->options());
+  acquired(*a);
+  // Stopped before the writes in flight are counted, again right before the REGISTER, and given
+  // back once the gate opened.
+  ASSERT_EQ(calls.size(), 3 * kLus);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    for (const std::size_t at : {lu, kLus + lu}) {
+      EXPECT_EQ(calls[at].lu, "lu" + std::to_string(lu));
+      EXPECT_FALSE(calls[at].queue) << "stopped first";
+      EXPECT_EQ(calls[at].registers_sent, 0U) << "before any REGISTER";
+    }
+    EXPECT_TRUE(calls[2 * kLus + lu].queue) << "queueing again once the gate opened";
+    EXPECT_TRUE(calls[2 * kLus + lu].gate_open);
+    EXPECT_GT(calls[2 * kLus + lu].registers_sent, 0U);
+  }
+
+  calls.clear();
+  acquired(*b);
+  ASSERT_TRUE(run_until([&] { return a->recorder.count(EventKind::kFenced) > 0; }));
+  ASSERT_EQ(calls.size(), kLus);
+  for (const Call& call : calls) {
+    EXPECT_FALSE(call.queue);
+    EXPECT_FALSE(call.gate_open) << "closed before the observer hears of it";
+  }
+  EXPECT_FALSE(a->resource->gate_open());
+
+  // A queue that cannot be stopped: the acquire fails with the reason, and registers nothing.
+  refuse = true;
+  calls.clear();
+  const std::size_t before = sent.size();
+  Outcome* refused = a->acquire();
+  ASSERT_TRUE(run_until([&] { return refused->done(); }));
+  ASSERT_FALSE(refused->result->has_value());
+  EXPECT_NE(refused->result->error().message().find("could not be stopped"), std::string::npos)
+      << refused->result->error().message();
+  EXPECT_NE(refused->result->error().message().find("dm-7"), std::string::npos);
+  const auto after = a->sent_since(before);
+  EXPECT_TRUE(
+      std::none_of(after.begin(), after.end(), [](const Sent& s) { return s.registers(); }));
+  EXPECT_FALSE(calls.empty());
+  EXPECT_FALSE(a->resource->gate_open());
+}
+
 // One operation at a time: acquire or release while an acquire runs is refused at once with
 // kBusy, and the running acquire still completes.
 TEST_F(ResourceTest, ASecondOperationIsRefusedWhileOneRuns) {

@@ -15,10 +15,15 @@
 
 #include "blkfence/codec/inquiry.h"
 
+#include "sysfs.h"
+
 namespace blkfence::pr {
 namespace {
 
 namespace fs = std::filesystem;
+using sysfs::list_dir;
+using sysfs::read_file;
+using sysfs::read_text;
 
 constexpr unsigned kScsiGenericMajor = 21;  // Documentation/admin-guide/devices.txt
 
@@ -29,41 +34,6 @@ Result<fs::path> canonical(const fs::path& path, const std::string& what) {
     return tl::unexpected(Error::os(ec.value(), what));
   }
   return resolved;
-}
-
-// A small sysfs file, whole; empty when it cannot be read.
-std::string read_file(const fs::path& path) {
-  std::string bytes;
-  std::FILE* file = std::fopen(path.c_str(), "rbe");  // e: O_CLOEXEC
-  if (file == nullptr) {
-    return bytes;
-  }
-  char chunk[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(chunk, 1, sizeof chunk, file)) > 0) {
-    bytes.append(chunk, n);
-  }
-  (void)std::fclose(file);
-  return bytes;
-}
-
-std::string read_text(const fs::path& path) {
-  std::string text = read_file(path);
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\0' || text.back() == ' ')) {
-    text.pop_back();
-  }
-  return text;
-}
-
-// Entries of a sysfs directory, sorted; empty when it does not exist.
-std::vector<std::string> list_dir(const fs::path& dir) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 bool is_scsi_device(const fs::path& device_dir) {

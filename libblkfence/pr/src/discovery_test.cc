@@ -7,9 +7,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+
+#include "blkfence/pr/multipath.h"
 
 namespace blkfence::pr {
 namespace {
@@ -79,6 +82,23 @@ class FakeSysfs : public ::testing::Test {
   }
 
   std::string dev(const std::string& name) const { return (root_ / "dev" / name).string(); }
+
+  // A block device holder (a device-mapper map when minor is given: dm/ and dev in sysfs) stacked
+  // on the devices below.
+  void stack(const std::string& holder, const std::vector<std::string>& below,
+             std::optional<unsigned> minor = std::nullopt) {
+    const fs::path dir = root_ / "sys/devices/virtual/block" / holder;
+    fs::create_directories(dir / "holders");
+    fs::create_directory_symlink(dir, root_ / "sys/class/block" / holder);
+    for (const auto& name : below) {
+      fs::create_directories(root_ / "sys/class/block" / name / "holders");
+      fs::create_directory_symlink(dir, root_ / "sys/class/block" / name / "holders" / holder);
+    }
+    if (minor) {
+      fs::create_directories(dir / "dm");
+      std::ofstream(dir / "dev") << "253:" << *minor << "\n";
+    }
+  }
 
   fs::path root_;
   DiscoveryEnv env_;
@@ -162,15 +182,6 @@ TEST_F(FakeSysfs, WritesInFlightSumThePathsAndEveryDeviceStackedOnThem) {
   add_scsi_disk("1:0:1:0", "sdb", 16, "sg1", 1, 0x07);
   const auto set_inflight = [&](const std::string& name, const std::string& text) {
     std::ofstream(root_ / "sys/class/block" / name / "inflight") << text;
-  };
-  const auto stack = [&](const std::string& holder, const std::vector<std::string>& below) {
-    const fs::path dir = root_ / "sys/devices/virtual/block" / holder;
-    fs::create_directories(dir / "holders");
-    fs::create_directory_symlink(dir, root_ / "sys/class/block" / holder);
-    for (const auto& name : below) {
-      fs::create_directories(root_ / "sys/class/block" / name / "holders");
-      fs::create_directory_symlink(dir, root_ / "sys/class/block" / name / "holders" / holder);
-    }
   };
   stack("dm-0", {"sda", "sdb"});  // the multipath map
   stack("dm-1", {"dm-0"});        // a logical volume on it
@@ -300,6 +311,111 @@ TEST_F(FakeSysfs, RefusesPartitionsMissingAndNonScsiDevices) {
   const auto tty = discover({dev("tty0")}, env_);
   ASSERT_FALSE(tty.has_value());
   EXPECT_NE(tty.error().where().find("not SCSI generic"), std::string::npos);
+}
+
+// A multipath map with queue_if_no_path holds writes across a fence (docs/protocol.md, "Writes
+// queued in the initiator"): the maps of a LU are the dm-multipath holders of its paths, each
+// once, with their queueing as the table says; a logical volume on the map, a map of another LU
+// and a holder that is no device-mapper map are none of them, and a map LVM named is not even
+// read (reading a table needs CAP_SYS_ADMIN).
+TEST_F(FakeSysfs, MultipathMapsAreTheMultipathHoldersOfTheLusPathsEachOnce) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x07);
+  add_scsi_disk("1:0:1:0", "sdb", 16, "sg1", 1, 0x07);
+  add_scsi_disk("1:0:1:1", "sdc", 32, "sg2", 2, 0x08);
+  stack("dm-0", {"sda", "sdb"}, 0);  // the LU's map
+  stack("dm-1", {"dm-0"}, 1);        // a logical volume on it
+  stack("md0", {"sdb"});             // not device-mapper
+  stack("dm-2", {"sdc"}, 2);         // another LU's map
+  stack("dm-5", {"sda"}, 5);         // a logical volume straight on the path: LVM names it
+  std::ofstream(root_ / "sys/class/block/dm-5/dm/uuid") << "LVM-Xq3vR9\n";
+  std::vector<std::string> asked;
+  DeviceMapper dm;
+  dm.table = [&](unsigned major, unsigned minor) -> Result<std::vector<DeviceMapperTarget>> {
+    asked.push_back(std::to_string(major) + ":" + std::to_string(minor));
+    if (minor == 1) {
+      return std::vector<DeviceMapperTarget>{{"linear", "253:0 0"}};
+    }
+    return std::vector<DeviceMapperTarget>{
+        {"multipath", "1 queue_if_no_path 0 1 1 service-time 0 2 2 8:0 1 1 8:16 1 1"}};
+  };
+  const auto lus = discover({"naa.6001405b1f0ce0000000000000000007"}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ((*lus)[0].paths.size(), 2U);
+  const auto maps = multipath_maps((*lus)[0], env_, dm);
+  ASSERT_TRUE(maps.has_value()) << maps.error().message();
+  ASSERT_EQ(maps->size(), 1U);
+  EXPECT_EQ((*maps)[0].name, "dm-0");
+  EXPECT_EQ((*maps)[0].major, 253U);
+  EXPECT_EQ((*maps)[0].minor, 0U);
+  EXPECT_TRUE((*maps)[0].queueing);
+  EXPECT_EQ(asked, (std::vector<std::string>{"253:0", "253:1"}));
+
+  // A map whose table cannot be read (suspended, going away) may be holding writes: listed as
+  // queueing, with the reason, never left out.
+  dm.table = [](unsigned, unsigned minor) -> Result<std::vector<DeviceMapperTarget>> {
+    return tl::unexpected(
+        Error::os(EBUSY, "device-mapper device 253:" + std::to_string(minor) + " is suspended"));
+  };
+  const auto unreadable = multipath_maps((*lus)[0], env_, dm);
+  ASSERT_TRUE(unreadable.has_value()) << unreadable.error().message();
+  ASSERT_EQ(unreadable->size(), 2U) << "dm-0, and dm-1 whose table said nothing";
+  EXPECT_TRUE((*unreadable)[0].queueing);
+  EXPECT_NE((*unreadable)[0].unread.find("the table of dm-0, device-mapper device 253:0 is "
+                                         "suspended"),
+            std::string::npos)
+      << (*unreadable)[0].unread;
+}
+
+// multipath-tools names its map by the LU's WWID ("mpath-3" and the NAA's digits): a map whose
+// paths are all gone (the one that queues) is found by that name, with no path left to lead to it.
+TEST_F(FakeSysfs, AMultipathMapWithNoPathLeftIsFoundByItsWwid) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x07);
+  stack("dm-6", {}, 6);
+  std::ofstream(root_ / "sys/class/block/dm-6/dm/uuid")
+      << "mpath-36001405b1f0ce0000000000000000007\n";
+  stack("dm-7", {}, 7);  // another LU's
+  std::ofstream(root_ / "sys/class/block/dm-7/dm/uuid")
+      << "mpath-36001405b1f0ce0000000000000000008\n";
+  DeviceMapper dm;
+  dm.table = [](unsigned, unsigned) -> Result<std::vector<DeviceMapperTarget>> {
+    return std::vector<DeviceMapperTarget>{{"multipath", "1 queue_if_no_path 0 0 0"}};
+  };
+  auto lus = discover({dev("sda")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  (*lus)[0].paths.clear();  // every path gone
+  const auto maps = multipath_maps((*lus)[0], env_, dm);
+  ASSERT_TRUE(maps.has_value()) << maps.error().message();
+  ASSERT_EQ(maps->size(), 1U);
+  EXPECT_EQ((*maps)[0].name, "dm-6");
+  EXPECT_TRUE((*maps)[0].queueing);
+}
+
+TEST(MultipathTest, QueueingIsAFeatureWordOfTheTable) {
+  EXPECT_TRUE(queues_if_no_path("1 queue_if_no_path 0 1 1 round-robin 0 1 1 8:16 1"));
+  EXPECT_TRUE(queues_if_no_path("3 pg_init_retries 5 queue_if_no_path 1 alua 1 1"));
+  EXPECT_FALSE(queues_if_no_path("0 0 1 1 round-robin 0 1 1 8:16 1"));
+  EXPECT_FALSE(queues_if_no_path("2 pg_init_retries 5 1 queue_if_no_path"));  // a handler's word
+  EXPECT_FALSE(queues_if_no_path(""));
+}
+
+TEST(MultipathTest, SetQueueingSendsTheMessageToTheMap) {
+  std::vector<std::string> sent;
+  DeviceMapper dm;
+  dm.message = [&](unsigned major, unsigned minor, const std::string& message) -> Result<void> {
+    sent.push_back(std::to_string(major) + ":" + std::to_string(minor) + " " + message);
+    return {};
+  };
+  const MultipathMap map{.name = "dm-4", .major = 253, .minor = 4, .queueing = true, .unread = {}};
+  ASSERT_TRUE(set_queueing(map, false, dm).has_value());
+  ASSERT_TRUE(set_queueing(map, true, dm).has_value());
+  EXPECT_EQ(sent, (std::vector<std::string>{"253:4 fail_if_no_path", "253:4 queue_if_no_path"}));
+
+  dm.message = [](unsigned, unsigned, const std::string&) -> Result<void> {
+    return tl::unexpected(Error::os(EINVAL, "message fail_if_no_path to device-mapper device"));
+  };
+  const auto refused = set_queueing(map, false, dm);
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().where().rfind("dm-4: ", 0), 0U) << refused.error().where();
 }
 
 }  // namespace

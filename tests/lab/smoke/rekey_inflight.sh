@@ -34,6 +34,10 @@
 #     flight at the backend, and B acquires or promotes. With PREEMPT AND ABORT, B's operation
 #     returns only once A's writes have left the backend, and nothing of A's lands after it; the
 #     control runs with preempt = "preempt" show A's writes landing after B's operation returned.
+#   queued, queued-mutant: writes queued in the initiator, not the target (below, run_queued_case):
+#     A's writes wait in a dm-multipath map of A's with queue_if_no_path and no path while B
+#     promotes; A rejoins and the path comes back. blkfenced stops the map queueing as A's gate
+#     closes, so they fail there and nothing lands; the keep_host_queues mutant lets them land.
 #   Aborting A's writes instead, with a PREEMPT AND ABORT of K1 by A through its only nexus,
 #   wedges LIO's iSCSI target on Debian 12's 6.1 (TAS on, LIO's default; docs/reference/lio.md
 #   §6), and with TAS off lets A's initiator resend the writes, stamped K1 again, when the backend
@@ -43,7 +47,7 @@
 # each step, and the kernel's log of the commands each PREEMPT AND ABORT aborted (dynamic debug of
 # target_core_tmr.c) and of A's connection.
 #   usage: rekey_inflight.sh [notas] [CASE...]   (CASE: control, drain, daemon-mutant, daemon,
-#   takeover, takeover-preempt, promote, promote-preempt; default all eight)
+#   takeover, takeover-preempt, promote, promote-preempt, queued-mutant, queued; default all ten)
 #   notas builds the LU with attrib/emulate_tas 0 (LIO takes it only before the LU is exported).
 #   REKEY_DELAY_MS overrides the write delay (default 4000). A's writes must still be held when
 #   B's preempt returns: from A's writes going in flight to that took at most 0.8 s under TCG in
@@ -59,14 +63,14 @@ cases=()
 for arg; do
   if [[ $arg == notas ]]; then tas=0; else cases+=("$arg"); fi
 done
-((${#cases[@]})) || cases=(control drain daemon-mutant daemon takeover takeover-preempt promote promote-preempt)
+((${#cases[@]})) || cases=(control drain daemon-mutant daemon takeover takeover-preempt promote promote-preempt queued-mutant queued)
 [[ $LAB_FABRIC == iscsi ]] || { lab_not_ok "rekey_inflight.sh needs the iscsi fabric (PREEMPT AND ABORT deadlocks over tcm_loop)"; lab_done; exit; }
 k1=0x7265000100000001 k2=0x7265000100000002 k3=0x7265000200000003
 writers=4 witnesses=(2 3) b_first=0 b_count=2
 portal=127.0.0.5
 tpg=$lab_cfs/iscsi/$lab_iscsi_target/tpgt_3
 backstore=$lab_cfs/core/iblock_0/lu_rekey
-dm_name=lab_rekey_delay
+dm_name=lab_rekey_delay mp_name=lab_rekey_queue
 img=$lab_lu_dir/lu_rekey.img
 serial=b1f0ce5e4e000000000000000000000
 work=$(mktemp -d)
@@ -91,6 +95,7 @@ cleanup() {
   rmdir "$tpg/lun/lun_0" "$tpg/np/$portal:3260" 2>/dev/null
   [[ -d $tpg ]] && { echo 0 >"$tpg/enable"; rmdir "$tpg"; } 2>/dev/null
   rmdir "$backstore" 2>/dev/null
+  dmsetup remove --noudevsync "$mp_name" >/dev/null 2>&1
   dmsetup remove --noudevsync "$dm_name" >/dev/null 2>&1
   [[ -n $loopdev ]] && losetup -d "$loopdev" 2>/dev/null
   rm -rf "$img" "$work"
@@ -263,13 +268,18 @@ writers_report() {
 # judge_blocks CASE FIRST WHAT LANDS S1 FINAL: the checks on a case's blocks, from what B read
 # right after its WHAT returned (S1) and once A's writers ended (FINAL). LANDS yes, a control run:
 # each witness read clean right after B's WHAT, and carries A's text at the end; no: nothing of
-# A's landed on a witness after B's WHAT returned. B's blocks carry B's text either way.
+# A's landed on a witness after B's WHAT returned. B's blocks carry B's text either way. LANDS
+# over-b: as yes, on B's blocks too (A's writes went out after B's own, and overwrote them).
 judge_blocks() {
   local case=$1 first=$2 what=$3 lands=$4 k
-  local -a s1_blocks=() final_blocks=()
+  local -a s1_blocks=() final_blocks=() judged=("${witnesses[@]}")
   IFS='|' read -r -a s1_blocks <<<"$5"
   IFS='|' read -r -a final_blocks <<<"$6"
-  for k in "${witnesses[@]}"; do
+  if [[ $lands == over-b ]]; then
+    for ((k = b_first; k < b_first + b_count; k++)); do judged+=("$k"); done
+    lands=yes
+  fi
+  for k in "${judged[@]}"; do
     if [[ $lands == yes ]]; then
       lab_expect_eq "$case: block $((first + k)) read clean right after B's $what" "${s1_blocks[k]:-}" "clean $case"
       lab_expect_eq "$case: A's write landed on block $((first + k)) after B's $what returned" \
@@ -279,6 +289,7 @@ judge_blocks() {
         "${final_blocks[k]:-}" "${s1_blocks[k]:-}"
     fi
   done
+  ((${#judged[@]} > ${#witnesses[@]})) && return
   for ((k = b_first; k < b_first + b_count; k++)); do
     lab_expect_eq "$case: B's text on block $((first + k))" "${final_blocks[k]:-}" "B $case"
   done
@@ -299,9 +310,10 @@ kernel_log() {
   }'
 }
 
-# start_writers CASE FIRST DEV: A's writers, one write of one block each from FIRST on, each
+# start_writers CASE FIRST DEV [queued]: A's writers, one write of one block each from FIRST on, each
 # leaving its exit status and end time in $work/CASE.end.W; returns once all are in flight at the
-# backend (fails, saying so, when they are not).
+# backend, or with queued once all wait in DEV's map and none reached the backend (fails, saying
+# so, when they do not).
 start_writers() {
   local case=$1 first=$2 a=$3 w
   writer_pids=()
@@ -312,6 +324,14 @@ start_writers() {
     ) &
     writer_pids+=($!)
   done
+  if [[ ${4:-} == queued ]]; then
+    if ! await 200 writes_queued "$a" "$writers" || ! backend_has 0; then
+      lab_not_ok "$case: A's $writers writes wait in the map: $(backend_inflight) at the backend; $(writers_seen "$a")"
+      return 1
+    fi
+    say "$case: A's $writers writes wait in the map, none at the backend"
+    return 0
+  fi
   if ! await 200 backend_has "$writers"; then
     lab_not_ok "$case: A's $writers writes in flight at the backend: $(backend_inflight) are"
     return 1
@@ -532,6 +552,87 @@ run_takeover_case() {
   stop_daemons
   return 0
 }
+# Writes queued in the initiator (docs/protocol.md, "Writes queued in the initiator"), blkfenced on
+# both nodes in primary mode: A writes through a dm-multipath map of its own over its path to the
+# LU, with queue_if_no_path, and the map's only path failed (dmsetup message fail_path), so A's four
+# writes wait in the map, none at the target. A is the primary; B promotes (PREEMPT AND ABORT of
+# A's key); A's daemon sees the fence and closes its gate; A rejoins as a member (unfence: its key
+# registered again); then the map's path is reinstated.
+#   queued: A's daemon stops the map queueing as its gate closes (fail_if_no_path): A's writes
+#     fail there, and nothing of A's lands after B's promote returned.
+#   queued-mutant: A runs blkfenced built with the keep_host_queues mutant, which leaves the map
+#     queueing: A's writes go out once the path is back, through a nexus registered again, and land
+#     after B's promote returned, over B's own writes too, so the check can fail.
+run_queued_case() {
+  local case=$1 first=$2 binary=$BLKFENCED a=${dev[1]} majmin sectors mp
+  [[ $case == queued-mutant ]] && binary=${BLKFENCED_MUTANT_QUEUES:?BLKFENCED_MUTANT_QUEUES must name the mutant blkfenced}
+  echo "--- $case: blocks $first-$((first + writers - 1)), A writes through a queueing multipath map, A runs ${binary##*/}"
+  mark_clean "$case" "$first" || return 1
+  if ! { majmin=$(cat "/sys/class/block/${a#/dev/}/dev") && sectors=$(blockdev --getsz "$a") &&
+    modprobe -a dm_multipath dm_round_robin &&
+    dmsetup create --noudevsync "$mp_name" \
+      --table "0 $sectors multipath 1 queue_if_no_path 0 1 1 round-robin 0 1 1 $majmin 1" &&
+    mp=$(dm_node "$mp_name"); }; then
+    lab_not_ok "$case: the multipath map over A's path"
+    return 1
+  fi
+  writer_pids=()
+  queued_steps "$case" "$first" "$binary" "$majmin" "$mp"
+  stop_daemons
+  # Writes a failed step left waiting in the map would keep it open.
+  dmsetup message "$mp_name" 0 fail_if_no_path >/dev/null 2>&1
+  ((${#writer_pids[@]} == 0)) || await 200 writers_ended "$case"
+  dmsetup remove --noudevsync "$mp_name" || lab_not_ok "$case: removing the multipath map"
+}
+# queued_steps CASE FIRST BINARY MAJMIN MAP: run_queued_case's steps once its map MAP (/dev/dm-N)
+# over A's path MAJMIN is made.
+queued_steps() {
+  local case=$1 first=$2 binary=$3 majmin=$4 mp=$5 b=${dev[2]} s1 final
+  start_daemons "$case" "$binary" preempt-and-abort primary 20s 30s || return 1
+  ctl_timed "$case: A joins as a member" A unfence db || return 1
+  ctl_timed "$case: B joins as a member" B unfence db || return 1
+  ctl_timed "$case: A promotes" A promote db || return 1
+  lab_expect "$case: the map queues writes while it has no path" map_queues
+  dmsetup message "$mp_name" 0 fail_path "$majmin" || { lab_not_ok "$case: failing the map's path"; return 1; }
+  start_writers "$case" "$first" "$mp" queued || return 1
+  ctl_timed "$case: B promotes (PREEMPT AND ABORT of A's key)" B promote db || return 1
+  b_writes "$case" "$first" promote
+  s1=$(blocks "$work/$case.s1")
+  say "$case: the blocks right after B's promote: $s1"
+  lab_expect "$case: A's daemon reports fenced" bf_await A db state fenced
+  if [[ $case == queued ]]; then
+    lab_expect "$case: A's daemon stopped the map queueing as its gate closed" \
+      bf_await_log A "no longer queues writes while it has no path"
+    lab_expect "$case: A's writers failed in the map" await 200 writers_ended "$case"
+  else
+    lab_expect "$case: A's writes are still queued in the map" writes_queued "$mp" "$writers"
+  fi
+  ctl_timed "$case: A rejoins as a member (its key registered again)" A unfence db || return 1
+  dmsetup message "$mp_name" 0 reinstate_path "$majmin" ||
+    lab_not_ok "$case: reinstating the map's path"
+  writers_report "$case"
+  final=$(final_blocks "$case" "$first")
+  say "$case: the blocks once A's writers ended: $final"
+  judge_blocks "$case" "$first" promote "$([[ $case == queued-mutant ]] && echo over-b || echo no)" "$s1" "$final"
+  if [[ $case == queued ]]; then
+    local w
+    for ((w = 0; w < writers; w++)); do
+      lab_expect_eq "$case: A's writer $w failed" "$(cut -d' ' -f1 "$work/$case.end.$w" 2>/dev/null)" 1
+    done
+  fi
+  lab_expect_key "$case: B holds" "$(bf_field B db key 2>/dev/null)" lab_holder_key "$b"
+}
+# writers_seen DEV: each dd process, what its fd 1 is, its system call and where it waits, the
+# writers' errors so far and the map's status: what writes_queued saw.
+writers_seen() {
+  local pid
+  for pid in $(pgrep -x dd); do
+    printf 'dd %s: fd 1 %s, syscall %s, wchan %s; ' "$pid" "$(readlink -f "/proc/$pid/fd/1" 2>/dev/null)" \
+      "$(cut -d' ' -f1 "/proc/$pid/syscall" 2>/dev/null)" "$(cat "/proc/$pid/wchan" 2>/dev/null)"
+  done
+  printf 'DEV %s; ends: %s; errors: %s; map: %s' "$(readlink -f "$1")" "$(cat "$work"/*.end.* 2>/dev/null | tr '\n' ' ')" \
+    "$(cat "$work"/*.err.* 2>/dev/null | tr '\n' ' ')" "$(dmsetup status "$mp_name" 2>&1)"
+}
 # dm_node NAME: /dev/dm-N of the device-mapper map NAME (made with --noudevsync, and no udev runs
 # here: /dev/mapper has no link to it).
 dm_node() {
@@ -540,6 +641,20 @@ dm_node() {
     [[ $(cat "$d/dm/name" 2>/dev/null) == "$1" ]] && { echo "/dev/${d##*/}"; return 0; }
   done
   return 1
+}
+# map_queues: the map's table names queue_if_no_path among its features.
+map_queues() { [[ $(dmsetup table "$mp_name") == *" multipath "[1-9]*queue_if_no_path* ]]; }
+# writes_queued DEV COUNT: COUNT dd processes are blocked in write(2) on DEV (their write waits in
+# the map; /sys/block/dm-N/inflight reads 0 0 meanwhile: the map keeps requeueing the request, and
+# a request waiting to be sent again does not count).
+writes_queued() {
+  local target pid nr n=0
+  target=$(readlink -f "$1")
+  for pid in $(pgrep -x dd); do
+    [[ $(readlink -f "/proc/$pid/fd/1" 2>/dev/null) == "$target" ]] || continue
+    read -r nr _ <"/proc/$pid/syscall" 2>/dev/null && [[ $nr == 1 ]] && n=$((n + 1))
+  done
+  ((n == $2))
 }
 status_says_waiting() {
   local status
@@ -564,7 +679,8 @@ for c in "${cases[@]}"; do
     control | drain) run_case "$c" "$first" ;;
     daemon | daemon-mutant) run_daemon_case "$c" "$first" ;;
     takeover | takeover-preempt | promote | promote-preempt) run_takeover_case "$c" "$first" ;;
-    *) lab_not_ok "unknown case '$c' (control, drain, daemon, daemon-mutant, takeover, takeover-preempt, promote, promote-preempt, notas)" ;;
+    queued | queued-mutant) run_queued_case "$c" "$first" ;;
+    *) lab_not_ok "unknown case '$c' (control, drain, daemon, daemon-mutant, takeover, takeover-preempt, promote, promote-preempt, queued, queued-mutant, notas)" ;;
   esac
   first=$((first + 16))
 done

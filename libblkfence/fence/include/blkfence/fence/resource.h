@@ -91,6 +91,15 @@ struct ResourceOptions {
   std::function<Result<std::uint64_t>(const pr::LogicalUnit& lu)> writes_in_flight;
   // How long that re-key waits for them before its operation fails with what is still in flight.
   std::chrono::nanoseconds drain_wait{std::chrono::seconds(60)};
+  // The host's queues that hold writes while a LU has no usable path and send them once one is
+  // back (dm-multipath maps with queue_if_no_path): host_queueing(lu, false) stops every such
+  // queue of the LU, failing what it holds; host_queueing(lu, true) lets those it stopped queue
+  // again. While the gate is closed none of them queues: a write held there across a fence would
+  // land once the node registered again (docs/protocol.md, "Writes queued in the initiator").
+  // Called when the gate closes, before the REGISTER of an acquire, promote or unfence while it
+  // is closed (a failure there fails the operation), and with true when it opens. Unset: the host
+  // has no such queue.
+  std::function<Result<void>(const pr::LogicalUnit& lu, bool queue)> host_queueing;
 };
 
 enum class EventKind : std::uint8_t {
@@ -237,11 +246,14 @@ class Resource {
   void run(std::vector<pr::Request> requests, Time now,
            std::function<void(std::vector<pr::Response>, Time)> then);
   void read_all(bool with_keys, Time now, ReadsDone then);
-  // Before a REGISTER of key where reads showed an older key of ours holding: waits until this
-  // node has no write in flight on those LUs (at most drain_wait); then(error) with an empty error
-  // once there is none, else with what is still in flight.
+  // Before a REGISTER of key: with the gate closed, stops the host's queues on every LU
+  // (host_queueing); where reads showed an older key of ours holding, waits until this node has no
+  // write in flight on those LUs (at most drain_wait); then(error) with an empty error once both
+  // are done, else with what failed or is still in flight.
   void drain_before_rekey(const Reads& reads, Key key, Time now,
                           std::function<void(const std::string&, Time)> then);
+  // host_queueing(lu, queue) on every LU: what failed, "" when nothing did.
+  std::string set_host_queueing(bool queue);
   void drain_look(std::vector<std::size_t> lus, Time deadline, Time now,
                   std::function<void(const std::string&, Time)> then);
   bool refuse(Mode mode, Time now, Done& done);

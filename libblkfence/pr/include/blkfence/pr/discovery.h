@@ -57,8 +57,10 @@ DiscoveryEnv system_discovery_env();
 
 // The writes this host has in flight on lu: the second field of <sysfs>/class/block/NAME/inflight
 // for each path's disk and every block device stacked on it (holders/, recursively: a
-// dm-multipath map, LVM), summed. A request a map has queued (queue_if_no_path) counts in the
-// map's; one it sent down counts in the path's disk. Fails when a path's disk has no such file (it
+// dm-multipath map, LVM), summed. A request a map sent down counts in the path's disk; one a
+// request-based map holds while it has no path (queue_if_no_path) counts nowhere (the map requeues
+// it, and blk-mq counts only requests on their way down): stop the map queueing first
+// (multipath.h). Fails when a path's disk has no such file (it
 // went away: what it had in flight is unknown), and when a device counted has I/O accounting off
 // (queue/iostats 0: its inflight reads 0 whatever it has). Paths without a disk count nothing.
 [[nodiscard]] Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu,
