@@ -71,13 +71,15 @@ Result<void> HostQueues::set(const std::string& resource, const pr::LogicalUnit&
   for (const pr::MultipathMap& map : *maps) {
     const std::string number = number_of(map);
     if (queue) {
-      if (map.queueing || !map.unread.empty()) {
-        stopped_maps.erase(number);  // queueing already (multipathd), or unknown: nothing to give
+      if (map.queueing && map.unread.empty()) {
+        stopped_maps.erase(number);  // queueing already (multipathd): nothing to give back
         continue;
       }
       if (!stopped_maps.contains(number)) {
         continue;  // not stopped by blkfenced: the administrator's choice
       }
+      // Stopped by blkfenced: told, even when its table cannot be read now (a suspended map), and
+      // remembered until that succeeds.
     } else if (!map.queueing) {
       continue;
     } else if (map.unread.empty()) {

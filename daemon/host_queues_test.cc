@@ -2,7 +2,8 @@
 // device-mapper: stopping tells fail_if_no_path only to the maps that queue, and remembers them in
 // run_dir; giving back tells queue_if_no_path only to those, so a map the administrator set to
 // fail stays so; a daemon started again on the same run_dir gives back what the one before
-// stopped; a map that cannot be told is an error and stays remembered.
+// stopped; a map that cannot be told, or whose table cannot be read, stays remembered until it is
+// given back.
 #include "host_queues.h"
 
 #include <filesystem>
@@ -98,6 +99,24 @@ TEST_F(HostQueuesTest, AMapQueueingAgainByItselfIsForgotten) {
   told_.clear();
   ASSERT_TRUE(queues.set("db", lu_, true).has_value());
   EXPECT_TRUE(told_.empty());
+  EXPECT_FALSE(fs::exists(run_dir_ / "db.queueing"));
+}
+
+// A map blkfenced stopped whose table cannot be read when the gate opens (suspended by a reload)
+// is given back all the same, and stays remembered until that is done.
+TEST_F(HostQueuesTest, AStoppedMapWhoseTableCannotBeReadIsStillGivenBack) {
+  HostQueues queues = make();
+  ASSERT_TRUE(queues.set("db", lu_, false).has_value());
+  told_.clear();
+  unread_ = "the table of dm-3, device-mapper device 253:3 is suspended";
+  refuse_ = true;
+  EXPECT_FALSE(queues.set("db", lu_, true).has_value());
+  EXPECT_EQ(remembered(), "253:3\n") << "not given back yet";
+  refuse_ = false;
+  ASSERT_TRUE(queues.set("db", lu_, true).has_value());
+  EXPECT_EQ(told_, (std::vector<std::string>{"253:3 queue_if_no_path", "253:3 queue_if_no_path"}));
+  EXPECT_TRUE(queueing_[3]);
+  EXPECT_FALSE(queueing_[4]) << "not blkfenced's to give";
   EXPECT_FALSE(fs::exists(run_dir_ / "db.queueing"));
 }
 
