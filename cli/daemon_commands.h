@@ -16,7 +16,7 @@ enum class DaemonExit : int {
   kClosed = 1,         // gate check: the gate is closed; run: -
   kUsage = 2,          // bad arguments
   kDevice = 3,         // blkfenced could not reach or use a device
-  kConflict = 4,       // another node holds the resource, or this node was fenced
+  kConflict = 4,       // another node holds the resource or this node's key, or we were fenced
   kIndeterminate = 5,  // the outcome is unknown: read the status again
   kNoDaemon = 6,       // blkfenced is not running or its socket is not reachable
   kDenied = 7,         // the daemon refused: root or control_group needed

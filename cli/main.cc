@@ -144,8 +144,8 @@ Exit status (commands that talk to blkfenced):
   1  gate check / run: the gate is closed
   2  bad arguments, or no such resource
   3  blkfenced could not reach or use a device
-  4  another node holds the resource, or this node was fenced (run: the gate closed and the
-     command was killed)
+  4  another node holds the resource or has registered this node's key (a node_id used twice),
+     or this node was fenced (run: the gate closed and the command was killed)
   5  the outcome is unknown (a command timed out): read 'blkfencectl status' before deciding
   6  blkfenced is not running or its socket is not reachable (run: the daemon went away and
      the command was killed)

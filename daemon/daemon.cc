@@ -61,6 +61,7 @@ ReplyError reply_error_for(const Error& error) {
   switch (error.code()) {
     case ErrorCode::kBusy: return ReplyError::kBusy;
     case ErrorCode::kLost:
+    case ErrorCode::kKeyInUse:
     case ErrorCode::kReservationConflict: return ReplyError::kConflict;
     case ErrorCode::kIndeterminate: return ReplyError::kIndeterminate;
     case ErrorCode::kCancelled: return ReplyError::kTimeout;

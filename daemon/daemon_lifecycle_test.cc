@@ -172,7 +172,7 @@ DaemonEnv one_lu_by_two_names(testing::SimDevices& devices, std::atomic<bool>* s
       (void)devices.lu("lu0");
       lus.push_back({.wwn = "naa.6001405000000001",
                      .name = device,
-                     .paths = {{.sg = "/dev/sim-lu0", .sd = {}, .hctl = {}}}});
+                     .paths = {{.sg = "/dev/sim-lu0", .sd = {}, .hctl = {}, .initiator = {}}}});
     }
     return lus;
   };

@@ -266,9 +266,10 @@ class SimDevices {
           std::vector<pr::LogicalUnit> lus;
           for (const auto& device : resource.devices) {
             const transport::LuId id = lu(device);
-            lus.push_back({.wwn = "naa.sim" + std::to_string(id),
-                           .name = device,
-                           .paths = {{.sg = "/dev/sim-" + device, .sd = {}, .hctl = {}}}});
+            lus.push_back(
+                {.wwn = "naa.sim" + std::to_string(id),
+                 .name = device,
+                 .paths = {{.sg = "/dev/sim-" + device, .sd = {}, .hctl = {}, .initiator = {}}}});
           }
           return lus;
         },

@@ -89,7 +89,7 @@ Result<std::size_t> RecordingTransport::reap(milliseconds wait,
 namespace {
 
 pr::Path path_of(const std::string& suffix) {
-  return pr::Path{.sg = "/dev/sg-n" + suffix, .sd = {}, .hctl = suffix};
+  return pr::Path{.sg = "/dev/sg-n" + suffix, .sd = {}, .hctl = suffix, .initiator = {}};
 }
 
 }  // namespace

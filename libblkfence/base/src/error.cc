@@ -18,6 +18,7 @@ std::string_view to_string(ErrorCode code) {
     case ErrorCode::kBusy: return "busy";
     case ErrorCode::kLost: return "held by another node";
     case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kKeyInUse: return "key in use";
   }
   return "unknown error";
 }

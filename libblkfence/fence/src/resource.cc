@@ -7,6 +7,7 @@
 #include "blkfence/fence/resource.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include "blkfence/assert.h"
 #include "blkfence/codec/prin.h"
@@ -174,6 +175,63 @@ bool Resource::drawn_by_us(std::uint64_t key) const {
   return ours(key) && !Key::epoch_reserved(Key::epoch_of(key));
 }
 
+std::vector<codec::TransportId> Resource::own_ports() const {
+  std::vector<codec::TransportId> ports;
+  for (const pr::LogicalUnit& lu : options_.lus) {
+    for (const pr::Path& path : lu.paths) {
+      if (!path.initiator) {
+        return {};
+      }
+      if (std::find(ports.begin(), ports.end(), *path.initiator) == ports.end()) {
+        ports.push_back(*path.initiator);
+      }
+    }
+  }
+  return ports;
+}
+
+// docs/protocol.md, "Identical keys". Two nodes with one node_id, or two clusters whose names hash
+// to one id, draw the same keys: each would take the other's registrations for its own (adopt
+// them, re-key them, count them as registered) and a fence of one would fence both. The target
+// says through which initiator port each key is registered; an iSCSI port is compared by its
+// name (a session of this host logged in again has another ISID, and its registrations stay).
+std::string Resource::key_used_elsewhere(const Reads& reads) const {
+  const std::vector<codec::TransportId> mine = own_ports();
+  const auto is_mine = [&mine](const codec::TransportId& port) {
+    return std::any_of(mine.begin(), mine.end(), [&port](const codec::TransportId& own) {
+      if (own.protocol != port.protocol) {
+        return false;
+      }
+      if (own.protocol != codec::ProtocolId::kIscsi) {
+        return own.port_name == port.port_name;
+      }
+      return std::equal(own.iscsi_name.begin(), own.iscsi_name.end(), port.iscsi_name.begin(),
+                        port.iscsi_name.end(), [](char a, char b) {
+                          return std::tolower(static_cast<unsigned char>(a)) ==
+                                 std::tolower(static_cast<unsigned char>(b));
+                        });
+    });
+  };
+  for (std::size_t i = 0; i < reads.lus.size() && !mine.empty(); ++i) {
+    if (!reads.lus[i].full) {
+      continue;
+    }
+    for (const codec::FullStatusDescriptor& registration : reads.lus[i].full->descriptors) {
+      if (ours(registration.key) && registration.transport_id &&
+          !is_mine(*registration.transport_id)) {
+        return "key " + Key::format(registration.key) + " of this node (cluster id " +
+               std::to_string(options_.cluster_id) + ", node_id " +
+               std::to_string(options_.node_id) + ") is registered on " + options_.lus[i].name +
+               " through initiator port " + codec::to_string(*registration.transport_id) +
+               ", which is none of this node's: another node is configured with this node_id, "
+               "another cluster's name hashes to this cluster's id, or the port is no longer "
+               "this node's; nothing is registered while it is there";
+      }
+    }
+  }
+  return {};
+}
+
 void Resource::run(std::vector<pr::Request> requests, Time now,
                    std::function<void(std::vector<pr::Response>, Time)> then) {
   std::weak_ptr<bool> alive = alive_;
@@ -186,29 +244,47 @@ void Resource::run(std::vector<pr::Request> requests, Time now,
 }
 
 void Resource::read_all(bool with_keys, Time now, ReadsDone then) {
+  read_all(with_keys ? Keys::kKeys : Keys::kNone, now, std::move(then));
+}
+
+void Resource::read_all(Keys keys, Time now, ReadsDone then) {
+  const bool with_keys = keys != Keys::kNone;
+  const bool full = keys == Keys::kKeysAndPorts && !own_ports().empty();
   std::vector<pr::Request> requests;
   for (const auto& lu : options_.lus) {
     requests.push_back(pr::read_reservation_request(lu));
     if (with_keys) {
       requests.push_back(pr::read_keys_request(lu));
     }
+    if (full) {
+      requests.push_back(pr::read_full_status_request(lu));
+    }
   }
+  const int parts = 1 + (with_keys ? 1 : 0) + (full ? 1 : 0);
   run(std::move(requests), now,
-      [this, with_keys, started = now, then = std::move(then)](std::vector<pr::Response> responses,
-                                                               Time at) {
+      [this, parts, started = now, then = std::move(then)](std::vector<pr::Response> responses,
+                                                           Time at) {
         Reads reads;
         reads.started = started;
         reads.lus.resize(options_.lus.size());
         std::size_t r = 0;
         for (std::size_t i = 0; i < options_.lus.size(); ++i) {
           Reads::Lu& lu = reads.lus[i];
-          for (int part = 0; part < (with_keys ? 2 : 1); ++part, ++r) {
+          for (int part = 0; part < parts; ++part, ++r) {
             pr::Response& response = responses[r];
             for (const auto& attempt : response.attempts) {
               if (attempt.sense &&
                   codec::classify(*attempt.sense) == codec::SenseCategory::kUnitAttention) {
                 reads.unit_attention = true;
               }
+            }
+            if (part == 2) {
+              if (response.data) {
+                if (auto decoded = codec::decode_read_full_status(*response.data)) {
+                  lu.full = std::move(*decoded);
+                }
+              }
+              continue;
             }
             if (!response.data) {
               lu.error = response.data.error().message();
@@ -645,7 +721,8 @@ void Resource::note_epochs_of_failed_read(const Reads& reads) {
 void Resource::start(Time now) {
   begin(Op::kProbe, nullptr);
   read_capabilities(now, [this](Time from) {
-    read_all(true, from, [this](const Reads& reads, Time at) { probe_read(reads, at); });
+    read_all(Keys::kKeysAndPorts, from,
+             [this](const Reads& reads, Time at) { probe_read(reads, at); });
   });
 }
 
@@ -744,7 +821,17 @@ void Resource::probe_read(const Reads& reads, Time now) {
     // A read that took a lease or more (a hung path it failed over from, a stalled daemon) would
     // adopt a key and open its gate with the lease already over (S2): read again, undecided.
     probe_done_ = state_ != State::kUnknown;
-    read_all(true, now, [this](const Reads& again, Time at) { probe_read(again, at); });
+    read_all(Keys::kKeysAndPorts, now,
+             [this](const Reads& again, Time at) { probe_read(again, at); });
+    return;
+  }
+  if (const std::string elsewhere = key_used_elsewhere(reads); !elsewhere.empty()) {
+    // Neither adopted nor taken for a stale key of ours: undecided until it is gone.
+    if (state_ != State::kUnknown || detail_ != elsewhere) {  // said once, not at every check
+      set_state(State::kUnknown, elsewhere);
+      emit(EventKind::kStateKnown, detail_);
+    }
+    end(fail(ErrorCode::kKeyInUse, detail_), now);
     return;
   }
   last_read_ok_ = reads.started;
@@ -805,6 +892,13 @@ void Resource::probe_read(const Reads& reads, Time now) {
     return;
   }
   set_state(State::kReleased, with_note(not_held(reads, stored)));
+  // docs/protocol.md, "Writes queued in the initiator": the gate is closed, and the daemon before
+  // this one may have died before it could stop the host's queues (or, fenced while none ran,
+  // never closed a gate): stopped now, not only before the next REGISTER. (A failure is the
+  // daemon's to log, as when a gate closes.)
+  if (!mutant::kKeepHostQueues) {
+    (void)set_host_queueing(false);
+  }
   emit(EventKind::kStateKnown, detail_);
   end(fail(ErrorCode::kLost, detail_), now);
 }

@@ -45,7 +45,7 @@ void Resource::acquire(Time now, Done done) {
   after_monitor_prouts(now, [this, before](Time monitor_done) {
     after_registers_settle(monitor_done, [this, before](Time settled) {
       with_capabilities(settled, [this, before](Time from) {
-        read_all(true, from, [this, before](Reads reads, Time at) {
+        read_all(Keys::kKeysAndPorts, from, [this, before](Reads reads, Time at) {
           if (!reads.ok()) {
             set_state(before == State::kFenced ? State::kFenced : State::kReleased,
                       "acquire failed: " + reads.errors(options_.lus));
@@ -53,6 +53,12 @@ void Resource::acquire(Time now, Done done) {
                      "acquire of " + options_.name +
                          ": cannot read the LUs: " + reads.errors(options_.lus)),
                 at);
+            return;
+          }
+          if (const std::string elsewhere = key_used_elsewhere(reads); !elsewhere.empty()) {
+            set_state(before == State::kFenced ? State::kFenced : State::kReleased,
+                      "acquire refused: " + elsewhere);
+            end(fail(ErrorCode::kKeyInUse, "acquire of " + options_.name + ": " + elsewhere), at);
             return;
           }
           acquire_draw(std::move(reads), 0, at);

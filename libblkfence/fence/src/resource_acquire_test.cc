@@ -351,6 +351,40 @@ TEST_F(ResourceTest, TheHostsQueuesAreStoppedWhileTheGateIsClosedAndBeforeARegis
   EXPECT_FALSE(a->resource->gate_open());
 }
 
+// A daemon started again that does not hold (fenced while it was down, or the one before died
+// before it could stop them) stops the host's queues as soon as its probe knows, not only before
+// its next REGISTER.
+TEST_F(ResourceTest, ADaemonStartedAgainNotHoldingStopsTheHostsQueues) {
+  std::vector<bool> told;
+  ResourceOptions options = a->options();
+  options.host_queueing = [&told](const pr::LogicalUnit&, bool queue) -> Result<void> {
+    told.push_back(queue);
+    return {};
+  };
+  a->boot(options);
+  b->boot(b->options());
+  acquired(*a);
+  a->crash();
+  acquired(*b);
+  told.clear();
+  a->boot(options);
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->state_known(); }));
+  EXPECT_EQ(a->resource->state(), State::kReleased);
+  EXPECT_EQ(told, std::vector<bool>(kLus, false));
+
+  // The holder's daemon started again adopts its key and opens its gate: nothing is stopped.
+  b->crash();
+  told.clear();
+  ResourceOptions for_b = b->options();
+  for_b.host_queueing = options.host_queueing;
+  b->boot(for_b);
+  b->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return b->resource->state_known(); }));
+  EXPECT_TRUE(b->resource->gate_open());
+  EXPECT_EQ(told, std::vector<bool>(kLus, true)) << "given back as the gate opens; none stopped";
+}
+
 // One operation at a time: acquire or release while an acquire runs is refused at once with
 // kBusy, and the running acquire still completes.
 TEST_F(ResourceTest, ASecondOperationIsRefusedWhileOneRuns) {

@@ -106,7 +106,11 @@ void Resource::check(Time now) {
   check_in_flight_ = true;
   next_check_ = now + options_.check_interval;
   const std::uint64_t generation = generation_;
-  read_all(with_keys, now, [this, generation, now](const Reads& reads, Time at) {
+  // While the state is unknown the round may decide it as a start does (probe_read): the ports too.
+  const Keys keys = state_ == State::kUnknown ? Keys::kKeysAndPorts
+                    : with_keys               ? Keys::kKeys
+                                              : Keys::kNone;
+  read_all(keys, now, [this, generation, now](const Reads& reads, Time at) {
     if (generation != generation_) {
       return;  // an operation started meanwhile; its own reads decide
     }

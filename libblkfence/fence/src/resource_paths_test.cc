@@ -25,7 +25,7 @@ TEST_F(ResourceTest, ANewPathOfAHeldLuIsRegisteredWithTheCurrentKey) {
   target.add_path(device, 0, nexus);
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
   paths.erase(paths.begin());  // the first path went away
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   // The acquire's REGISTERs were all answered: the monitor says so in the epoch file. The new
   // path's REGISTER is sent only once the file says a REGISTER is under way again, so that a
   // restart waits for it should its outcome be unknown (docs/protocol.md, "Late registrations").
@@ -83,7 +83,8 @@ TEST_F(ResourceTest, ADeviceFoundAgainUnderItsHctlIsANewPathAndTheOldFdIsClosed)
   // removal and the return are seen in one rescan.
   const std::string renamed = "/dev/sg-n1-0-0-again";
   target.add_path(renamed, 0, nexus_of(kNodeA, 0, 0));
-  paths.insert(paths.begin(), pr::Path{.sg = renamed, .sd = {}, .hctl = gone.hctl});
+  paths.insert(paths.begin(),
+               pr::Path{.sg = renamed, .sd = {}, .hctl = gone.hctl, .initiator = {}});
   const std::size_t before = sent.size();
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
@@ -99,7 +100,7 @@ TEST_F(ResourceTest, ADeviceFoundAgainUnderItsHctlIsANewPathAndTheOldFdIsClosed)
   const pr::Path renamed_path = a->resource->options().lus[0].paths[0];
   const std::string renamed_again = "/dev/sg-n1-0-0-third";
   target.add_path(renamed_again, 0, nexus_of(kNodeA, 0, 0));
-  paths[0] = pr::Path{.sg = renamed_again, .sd = {}, .hctl = renamed_path.hctl};
+  paths[0] = pr::Path{.sg = renamed_again, .sd = {}, .hctl = renamed_path.hctl, .initiator = {}};
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
   EXPECT_EQ(a->resource->options().lus[0].paths[0].sg, renamed_again);
@@ -124,7 +125,7 @@ TEST_F(ResourceTest, ANewPathThatAppearsDuringLostContactIsRegisteredOnceContact
   const std::string device = "/dev/sg-n1-0-new";
   target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   a->resource->update_paths(0, paths, now());
   run_for(kCheckInterval * 3);
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value()}))
@@ -152,7 +153,7 @@ TEST_F(ResourceTest, ANewPathWhoseFirstReadFailsIsRegisteredAfterAGoodRound) {
   const std::string device = "/dev/sg-n1-0-new";
   target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kLostContact; }));
   for (std::size_t lu = 0; lu < kLus; ++lu) {
@@ -175,7 +176,7 @@ TEST_F(ResourceTest, ANewPathOfASharedMemberIsRegisteredWithoutAnEpochFile) {
   const std::string device = "/dev/sg-n1-0-new";
   target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}));
@@ -193,7 +194,7 @@ TEST_F(ResourceTest, ANewPathAfterAFenceIsNotRegistered) {
   const std::string device = "/dev/sg-n1-0-new";
   target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   const std::size_t before = sent.size();
   a->resource->update_paths(0, paths, now());
   run_for(kCheckInterval * 5);
@@ -238,7 +239,7 @@ TEST_F(ResourceTest, ANewPathRegisteredJustAfterAPreemptIsTakenBack) {
     return Fault{};
   };
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
   ASSERT_TRUE(preempted);
@@ -267,7 +268,7 @@ TEST_F(ResourceTest, ANewPathsFirstReadThatShowsAPreemptDeclaresTheFence) {
                    codec::prout_preempt(key_b.value(), key_a.value(), kWeRo));
   }
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   const std::size_t before = sent.size();
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
@@ -299,7 +300,7 @@ TEST_F(ResourceTest, ANewPathIsNotTakenBackWhenTheReadAfterItsRegisterFails) {
     return fault;
   };
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   const std::size_t before = sent.size();
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
@@ -338,7 +339,7 @@ TEST_F(ResourceTest, AReleaseDuringANewPathRegistrationWaitsForItInsteadOfFailin
   const std::string device = "/dev/sg-n1-0-new";
   target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
   std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
-  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
   a->resource->update_paths(0, paths, now());
   ASSERT_TRUE(a->resource->busy()) << "the registration runs";
   Outcome* released = a->release();

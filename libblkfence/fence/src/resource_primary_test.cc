@@ -4,7 +4,7 @@
 // promote or acquire sends no PREEMPT; a failed promote leaves a member a member; a restarted
 // primary is adopted as the primary, and its promote waits for a REGISTER of the run before that
 // may still execute; the primary's release keeps the reservation, and a fenced primary rejoins with
-// a new epoch.
+// a new epoch; a member's promote leaves the host's queues of writes alone, a rejoin stops them.
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -48,9 +48,10 @@ class PrimaryTest : public ResourceTest {
     o.primary = true;
     return o;
   }
-  void boot_members() {
-    a->boot(primary(*a));
-    b->boot(primary(*b));
+  void boot_members() { boot_members(primary(*a), primary(*b)); }
+  void boot_members(ResourceOptions for_a, ResourceOptions for_b) {
+    a->boot(std::move(for_a));
+    b->boot(std::move(for_b));
     a->resource->start(now());
     b->resource->start(now());
     ASSERT_TRUE(
@@ -128,6 +129,48 @@ TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   // A fenced node is not re-registered by its own monitor (S5).
   (void)run_until([] { return false; }, 4 * kCheckInterval);
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{second.value()}));
+}
+
+// docs/protocol.md, "Writes queued in the initiator": a member's promote leaves its host's queues
+// alone (its gate is open and its key on every LU: what it queued goes out through a nexus that
+// stays registered), while a fenced primary, its gate closed, stops them before it registers again.
+TEST_F(PrimaryTest, APromotingMemberKeepsItsQueuesAndAFencedPrimaryStopsThemToRejoin) {
+  std::vector<bool> a_told;
+  std::vector<bool> b_told;
+  const auto told_into = [](std::vector<bool>& told) {
+    return [&told](const pr::LogicalUnit&, bool queue) -> Result<void> {
+      told.push_back(queue);
+      return {};
+    };
+  };
+  ResourceOptions for_a = primary(*a);
+  for_a.host_queueing = told_into(a_told);
+  ResourceOptions for_b = primary(*b);
+  for_b.host_queueing = told_into(b_told);
+  ASSERT_NO_FATAL_FAILURE(boot_members(std::move(for_a), std::move(for_b)));
+  ASSERT_FALSE(b_told.empty()) << "a member's first unfence stops them, its gate closed";
+  EXPECT_FALSE(b_told.front());
+  EXPECT_TRUE(b_told.back()) << "and gives them back as its gate opens";
+
+  a_told.clear();
+  b_told.clear();
+  (void)promoted(*a);
+  const Key second = promoted(*b);
+  EXPECT_EQ(std::count(a_told.begin(), a_told.end(), false), 0) << "A promoted as a member";
+  EXPECT_EQ(std::count(b_told.begin(), b_told.end(), false), 0) << "B promoted as a member";
+
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  EXPECT_EQ(a_told, std::vector<bool>(kLus, false)) << "stopped as A's gate closed";
+  a_told.clear();
+  Outcome* rejoined = a->unfence();
+  ASSERT_TRUE(run_until([rejoined] { return rejoined->done(); }));
+  ASSERT_TRUE(rejoined->result->has_value()) << rejoined->result->error().message();
+  EXPECT_GT((**rejoined->result).epoch(), second.epoch()) << "a new epoch";
+  ASSERT_GE(a_told.size(), 2 * kLus);
+  EXPECT_EQ(std::vector<bool>(a_told.begin(), a_told.begin() + kLus),
+            std::vector<bool>(kLus, false))
+      << "stopped before A registers again";
+  EXPECT_TRUE(a_told.back()) << "given back once A's gate opened";
 }
 
 // The primary's release keeps its key holding every LU (gate closed), so the LUs are never left

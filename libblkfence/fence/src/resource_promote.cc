@@ -42,12 +42,16 @@ void Resource::promote(Time now, Done done) {
   after_monitor_prouts(now, [this](Time monitor_done) {
     after_registers_settle(monitor_done, [this](Time settled) {
       with_capabilities(settled, [this](Time from) {
-        read_all(true, from, [this](const Reads& reads, Time at) {
+        read_all(Keys::kKeysAndPorts, from, [this](const Reads& reads, Time at) {
           if (!reads.ok()) {
             end(fail(ErrorCode::kIndeterminate,
                      "promote of " + options_.name +
                          ": cannot read the LUs: " + reads.errors(options_.lus)),
                 at);
+            return;
+          }
+          if (const std::string elsewhere = key_used_elsewhere(reads); !elsewhere.empty()) {
+            end(fail(ErrorCode::kKeyInUse, "promote of " + options_.name + ": " + elsewhere), at);
             return;
           }
           promote_draw(reads, at);

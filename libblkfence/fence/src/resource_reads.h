@@ -13,11 +13,15 @@
 
 namespace blkfence::fence {
 
-// One read of every LU: READ RESERVATION always, READ KEYS when asked.
+// One read of every LU: READ RESERVATION always, READ KEYS when asked, and with them READ FULL
+// STATUS where this node's initiator ports are known (docs/protocol.md, "Identical keys").
 struct Resource::Reads {
   struct Lu {
     std::optional<codec::ReadReservation> reservation;
     std::optional<codec::ReadKeys> keys;
+    // nullopt: not asked, or not answered (a target without it, a path that failed): no error,
+    // since nothing else rests on it.
+    std::optional<codec::FullStatus> full;
     std::string error;
   };
   std::vector<Lu> lus;

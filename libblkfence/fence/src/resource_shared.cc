@@ -48,10 +48,15 @@ void Resource::unfence(Time now, Done done) {
 
 // Reads, draws the member's key (primary mode), registers it on every path.
 void Resource::unfence_register(Time now) {
-  read_all(true, now, [this](const Reads& reads, Time read_at) {
+  read_all(Keys::kKeysAndPorts, now, [this](const Reads& reads, Time read_at) {
     if (!reads.ok()) {
       set_state(State::kReleased, "unfence failed: cannot read " + reads.errors(options_.lus));
       end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + detail_), read_at);
+      return;
+    }
+    if (const std::string elsewhere = key_used_elsewhere(reads); !elsewhere.empty()) {
+      set_state(State::kReleased, "unfence refused: " + elsewhere);
+      end(fail(ErrorCode::kKeyInUse, "unfence of " + options_.name + ": " + elsewhere), read_at);
       return;
     }
     // docs/protocol.md, "Shared mode": members register with epoch 0. In primary mode a

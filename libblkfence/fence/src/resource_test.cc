@@ -98,6 +98,65 @@ TEST_F(ResourceTest, RestartAdoptsItsOwnVerifiedKeyWithoutAPrOut) {
   EXPECT_EQ(a->stored_epoch(), key.epoch());
 }
 
+// docs/protocol.md, "Identical keys": the options of node, with each path's initiator port as
+// discovery reads it from sysfs on iSCSI and Fibre Channel.
+ResourceOptions with_ports(const Node& node) {
+  ResourceOptions options = node.options();
+  for (std::size_t lu = 0; lu < options.lus.size(); ++lu) {
+    for (std::size_t p = 0; p < options.lus[lu].paths.size(); ++p) {
+      options.lus[lu].paths[p].initiator = SimTarget::initiator_port(nexus_of(node.id(), lu, p));
+    }
+  }
+  return options;
+}
+
+// A key with this node's node_id registered through a port that is none of this node's (a second
+// node configured with node_id 1) would be taken for a stale key of its own: an acquire refuses
+// before it sends anything, and a daemon started meanwhile neither adopts nor releases; once the
+// key is gone, both go on, and this node's own registrations never count as another's.
+TEST_F(ResourceTest, AKeyOfThisNodeRegisteredThroughAnotherPortIsRefused) {
+  const std::uint64_t twin = key_of(kNodeA, 7).value();
+  const NexusId elsewhere = nexus_of(kNodeB, 1, 0);
+  register_directly(elsewhere, 1, twin);
+  a->boot(with_ports(*a));
+  const std::size_t before = sent.size();
+  Outcome* refused = a->acquire();
+  ASSERT_TRUE(run_until([&] { return refused->done(); }));
+  ASSERT_FALSE(refused->result->has_value());
+  const Error& error = refused->result->error();
+  EXPECT_EQ(error.code(), ErrorCode::kKeyInUse);
+  for (const std::string& part :
+       {Key::format(twin), std::string("lu1"),
+        codec::to_string(SimTarget::initiator_port(elsewhere)), std::string("node_id 1")}) {
+    EXPECT_NE(error.message().find(part), std::string::npos) << part << " in " << error.message();
+  }
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_EQ(keys_on(1), std::vector<std::uint64_t>{twin});
+
+  a->crash();
+  a->boot(with_ports(*a));
+  a->resource->start(now());
+  run_for(4 * kCheckInterval);
+  EXPECT_EQ(a->resource->state(), State::kUnknown);
+  EXPECT_NE(a->resource->detail().find("none of this node's"), std::string::npos)
+      << a->resource->detail();
+
+  register_directly(elsewhere, 1, 0);  // the other node unregisters
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kReleased; }))
+      << "the monitor's next probe decides";
+  const Key key = acquired(*a);
+  EXPECT_TRUE(a->resource->gate_open());
+  a->crash();
+  a->boot(with_ports(*a));
+  a->resource->start(now());
+  ASSERT_TRUE(run_until([&] { return a->resource->gate_open(); }))
+      << "its own two paths' registrations are its own: " << a->resource->detail();
+  EXPECT_EQ(a->resource->state(), State::kHeld);
+  EXPECT_EQ(keys_on(1), (std::vector<std::uint64_t>{key.value(), key.value()}));
+}
+
 // A restarted daemon that finds a stale key of its own (registered on one nexus, while another
 // node holds) leaves it alone (S5): gate closed, no PR OUT; and its next acquire still draws an
 // epoch above it (S3).

@@ -175,7 +175,7 @@ class Node {
         const std::string device =
             "/dev/sg-n" + std::to_string(id) + "-" + std::to_string(lu) + "-" + std::to_string(p);
         target.add_path(device, static_cast<LuId>(lu), nexus_of(id, lu, p));
-        unit.paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device});
+        unit.paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
       }
       lus_.push_back(std::move(unit));
     }

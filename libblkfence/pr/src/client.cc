@@ -120,6 +120,14 @@ Request read_keys_request(const LogicalUnit& lu) {
                  .wwn = lu.wwn};
 }
 
+Request read_full_status_request(const LogicalUnit& lu) {
+  return Request{.devices = devices_of(lu),
+                 .command = prin_command(codec::PrInAction::kReadFullStatus, kFullStatusAllocation),
+                 .is_read = true,
+                 .what = "READ FULL STATUS",
+                 .wwn = lu.wwn};
+}
+
 Request report_capabilities_request(const LogicalUnit& lu) {
   return Request{
       .devices = devices_of(lu),
@@ -203,12 +211,7 @@ std::vector<LuResult<codec::FullStatus>> Client::read_full_status(
   std::vector<Request> requests;
   requests.reserve(lus.size());
   for (const auto& lu : lus) {
-    requests.push_back(
-        Request{.devices = devices_of(lu),
-                .command = prin_command(codec::PrInAction::kReadFullStatus, kFullStatusAllocation),
-                .is_read = true,
-                .what = "READ FULL STATUS",
-                .wwn = lu.wwn});
+    requests.push_back(read_full_status_request(lu));
   }
   return decode_each<codec::FullStatus>(run(std::move(requests)), [](const auto& data) {
     return codec::decode_read_full_status(data);

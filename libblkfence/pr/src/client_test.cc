@@ -41,14 +41,15 @@ class ClientTest : public ::testing::Test {
       target_.add_path("/dev/sg-a" + n + "-1", lus_[lu], kNexusA1);
       target_.add_path("/dev/sg-a" + n + "-2", lus_[lu], kNexusA2);
       target_.add_path("/dev/sg-b" + n, lus_[lu], kNexusB);
-      a_.push_back(
-          LogicalUnit{.wwn = "lu" + n,
-                      .name = "a" + n,
-                      .paths = {Path{.sg = "/dev/sg-a" + n + "-1", .sd = {}, .hctl = "1"},
-                                Path{.sg = "/dev/sg-a" + n + "-2", .sd = {}, .hctl = "2"}}});
-      b_.push_back(LogicalUnit{.wwn = "lu" + n,
-                               .name = "b" + n,
-                               .paths = {Path{.sg = "/dev/sg-b" + n, .sd = {}, .hctl = "3"}}});
+      a_.push_back(LogicalUnit{
+          .wwn = "lu" + n,
+          .name = "a" + n,
+          .paths = {Path{.sg = "/dev/sg-a" + n + "-1", .sd = {}, .hctl = "1", .initiator = {}},
+                    Path{.sg = "/dev/sg-a" + n + "-2", .sd = {}, .hctl = "2", .initiator = {}}}});
+      b_.push_back(LogicalUnit{
+          .wwn = "lu" + n,
+          .name = "b" + n,
+          .paths = {Path{.sg = "/dev/sg-b" + n, .sd = {}, .hctl = "3", .initiator = {}}}});
     }
     use_faults({});
   }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <iterator>
@@ -63,6 +64,35 @@ struct ResolvedPath {
   std::string wwn;
 };
 
+// The initiator port of the nexus whose SCSI device sysfs has at device_dir (canonical:
+// /sys/devices/.../hostH/sessionS/targetH:C:T/H:C:T:L for iSCSI, .../hostH/rport-.../... for FC).
+std::optional<codec::TransportId> initiator_of(const fs::path& device_dir,
+                                               const DiscoveryEnv& env) {
+  const fs::path classes = fs::path(env.sysfs_root) / "class";
+  std::error_code ec;
+  const fs::path devices = fs::weakly_canonical(fs::path(env.sysfs_root) / "devices", ec);
+  std::optional<codec::TransportId> found;
+  for (const fs::path& part : device_dir.lexically_relative(devices)) {
+    const std::string name = part.string();
+    if (name.starts_with("session")) {
+      if (std::string iscsi = read_text(classes / "iscsi_session" / name / "initiatorname");
+          !iscsi.empty()) {
+        return codec::iscsi_transport_id(std::move(iscsi));
+      }
+    } else if (name.starts_with("host")) {
+      // An FC host's own port; a later part (an iSCSI session under the host) overrides it.
+      const std::string port = read_text(classes / "fc_host" / name / "port_name");
+      std::uint64_t value = 0;
+      if (port.starts_with("0x") &&
+          std::from_chars(port.data() + 2, port.data() + port.size(), value, 16).ec ==
+              std::errc()) {
+        found = codec::fc_transport_id(value);
+      }
+    }
+  }
+  return found;
+}
+
 Result<ResolvedPath> path_of_scsi_device(const fs::path& device_dir, const DiscoveryEnv& env,
                                          const std::string& name) {
   if (!is_scsi_device(device_dir)) {
@@ -83,6 +113,7 @@ Result<ResolvedPath> path_of_scsi_device(const fs::path& device_dir, const Disco
   if (const auto sg = list_dir(*resolved / "scsi_generic"); !sg.empty()) {
     result.path.sg = env.dev_root + "/" + sg.front();
   }
+  result.path.initiator = initiator_of(*resolved, env);
   result.wwn = lu_identity(*resolved, result.path.hctl);
   return result;
 }

@@ -50,9 +50,12 @@ class FakeSysfs : public ::testing::Test {
   void TearDown() override { fs::remove_all(root_); }
 
   // A SCSI device H:C:T:L with sd and sg nodes and a VPD 0x83 page.
+  // between: the directories between the host's and the device's (an iSCSI session, an FC rport).
   void add_scsi_disk(const std::string& hctl, const std::string& sd, unsigned sd_minor,
-                     const std::string& sg, unsigned sg_minor, std::uint8_t wwn_last_byte) {
-    const fs::path dev = root_ / "sys/devices/platform" / ("host" + hctl.substr(0, 1)) / hctl;
+                     const std::string& sg, unsigned sg_minor, std::uint8_t wwn_last_byte,
+                     const std::string& between = {}) {
+    const fs::path dev =
+        root_ / "sys/devices/platform" / ("host" + hctl.substr(0, 1)) / between / hctl;
     fs::create_directories(dev / "block" / sd);
     fs::create_directories(dev / "scsi_generic" / sg);
     fs::create_directory_symlink(root_ / "sys/bus/scsi", dev / "subsystem");
@@ -311,6 +314,28 @@ TEST_F(FakeSysfs, RefusesPartitionsMissingAndNonScsiDevices) {
   const auto tty = discover({dev("tty0")}, env_);
   ASSERT_FALSE(tty.has_value());
   EXPECT_NE(tty.error().where().find("not SCSI generic"), std::string::npos);
+}
+
+// docs/protocol.md, "Identical keys": each path's initiator port as READ FULL STATUS names it,
+// where sysfs tells it: an iSCSI session's initiator name, a Fibre Channel host's N_Port name; none
+// for a transport that does not say (tcm_loop, SAS).
+TEST_F(FakeSysfs, EachPathKnowsItsInitiatorPortWhereItsTransportTellsIt) {
+  add_scsi_disk("3:0:0:1", "sdd", 48, "sg3", 3, 0x07, "session3/target3:0:0");
+  fs::create_directories(root_ / "sys/class/iscsi_session/session3");
+  std::ofstream(root_ / "sys/class/iscsi_session/session3/initiatorname")
+      << "iqn.2026-11.org.example:db1\n";
+  add_scsi_disk("4:0:0:1", "sde", 64, "sg4", 4, 0x07, "rport-4:0-0/target4:0:0");
+  fs::create_directories(root_ / "sys/class/fc_host/host4");
+  std::ofstream(root_ / "sys/class/fc_host/host4/port_name") << "0x21000024ff3dcb1e\n";
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x07);
+  const auto lus = discover({dev("sdd"), dev("sde"), dev("sda")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ(lus->size(), 1U);
+  const auto& paths = (*lus)[0].paths;
+  ASSERT_EQ(paths.size(), 3U);
+  EXPECT_EQ(paths[0].initiator, codec::iscsi_transport_id("iqn.2026-11.org.example:db1"));
+  EXPECT_EQ(paths[1].initiator, codec::fc_transport_id(0x21000024ff3dcb1eULL));
+  EXPECT_EQ(paths[2].initiator, std::nullopt);
 }
 
 // A multipath map with queue_if_no_path holds writes across a fence (docs/protocol.md, "Writes

@@ -25,6 +25,7 @@ enum class ErrorCode : std::uint8_t {
   kBusy,                 // another operation on the same resource is in progress
   kLost,                 // another node holds the resource (acquire lost a race, or we were fenced)
   kCancelled,            // the caller went away or its deadline passed before the operation ended
+  kKeyInUse,  // a key of this node is registered by another initiator (a node_id used twice)
 };
 
 std::string_view to_string(ErrorCode code);

@@ -246,6 +246,10 @@ class Resource {
   void run(std::vector<pr::Request> requests, Time now,
            std::function<void(std::vector<pr::Response>, Time)> then);
   void read_all(bool with_keys, Time now, ReadsDone then);
+  // What a read asks besides READ RESERVATION: READ KEYS, and READ FULL STATUS where the initiator
+  // ports of this node are known (a start's and an operation's first read: "Identical keys").
+  enum class Keys : std::uint8_t { kNone, kKeys, kKeysAndPorts };
+  void read_all(Keys keys, Time now, ReadsDone then);
   // Before a REGISTER of key: with the gate closed, stops the host's queues on every LU
   // (host_queueing); where reads showed an older key of ours holding, waits until this node has no
   // write in flight on those LUs (at most drain_wait); then(error) with an empty error once both
@@ -267,6 +271,12 @@ class Resource {
   Key key_for(std::uint32_t epoch) const;
   bool ours(std::uint64_t key) const;
   bool drawn_by_us(std::uint64_t key) const;
+  // docs/protocol.md, "Identical keys": this node's initiator ports as its paths name them; empty
+  // unless every path's is known.
+  std::vector<codec::TransportId> own_ports() const;
+  // A key of this node that reads show registered through an initiator port none of own_ports()
+  // is: what, where and why it matters; "" when they show none.
+  std::string key_used_elsewhere(const Reads& reads) const;
   std::uint32_t highest_epoch(const Reads& reads) const;
   std::vector<std::string> stray_keys(const Reads& reads) const;
   [[nodiscard]] Result<std::uint32_t> draw_epoch(const Reads& reads, const std::string& what) const;

@@ -91,6 +91,7 @@ class Client {
 Request read_keys_request(const LogicalUnit& lu);
 Request read_reservation_request(const LogicalUnit& lu);
 Request report_capabilities_request(const LogicalUnit& lu);
+Request read_full_status_request(const LogicalUnit& lu);
 // One PR OUT on every path of the LU (each path is its own I_T nexus), or on its first path.
 std::vector<Request> prout_every_path(const LogicalUnit& lu, const codec::PrOutCommand& prout,
                                       const std::string& what);

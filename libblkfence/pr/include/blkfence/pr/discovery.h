@@ -10,9 +10,11 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "blkfence/codec/transport_id.h"
 #include "blkfence/error.h"
 #include "blkfence/transport/transport.h"
 
@@ -23,6 +25,10 @@ struct Path {
   std::string sg;    // /dev/sgN; empty when the sg driver does not bind the device
   std::string sd;    // /dev/sdX; empty for a non-disk LU
   std::string hctl;  // host:channel:target:lun
+  // The nexus's initiator port as READ FULL STATUS names it, where sysfs tells it: iSCSI (the
+  // session's initiator name; its ISID left out), Fibre Channel (the host's N_Port name); nullopt
+  // for other transports (tcm_loop, SAS).
+  std::optional<codec::TransportId> initiator;
 };
 
 struct LogicalUnit {
