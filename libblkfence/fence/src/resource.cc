@@ -165,6 +165,9 @@ Result<std::uint32_t> Resource::draw_epoch(const Reads& reads, const std::string
   return highest + 1;
 }
 
+// SPC-4 4.5.6: the sense key of a command the device does not support.
+constexpr std::uint8_t kIllegalRequest = 0x05;
+
 bool Resource::ours(std::uint64_t key) const {
   return Key::cluster_of(key) == options_.cluster_id && Key::node_of(key) == options_.node_id;
 }
@@ -279,10 +282,18 @@ void Resource::read_all(Keys keys, Time now, ReadsDone then) {
               }
             }
             if (part == 2) {
+              // A target that does not have READ FULL STATUS (ILLEGAL REQUEST) cannot tell ports
+              // apart: the check is off there. Any other failure fails the read, as READ KEYS's
+              // would: an answer that did not come proves nothing about whose keys are there.
               if (response.data) {
                 if (auto decoded = codec::decode_read_full_status(*response.data)) {
                   lu.full = std::move(*decoded);
+                } else {
+                  lu.error = "READ FULL STATUS answer malformed";
                 }
+              } else if (const auto& scsi = response.data.error().scsi();
+                         !scsi || scsi->sense_key != kIllegalRequest) {
+                lu.error = response.data.error().message();
               }
               continue;
             }

@@ -242,9 +242,14 @@ void Resource::acquire_verify(Key key, int round, Time now) {
     return;
   }
   set_state(State::kAcquiring, "verifying " + key.to_string());
-  read_all(true, now, [this, key, round](Reads reads, Time at) {
+  read_all(Keys::kKeysAndPorts, now, [this, key, round](Reads reads, Time at) {
     if (!reads.ok()) {
       acquire_failed(key, "verify: " + reads.errors(options_.lus), at);
+      return;
+    }
+    // A node with the same ids acting at the same time: its reservation would pass for ours.
+    if (const std::string elsewhere = key_used_elsewhere(reads); !elsewhere.empty()) {
+      acquire_failed(key, "verify: " + elsewhere, at);
       return;
     }
     bool others = false;

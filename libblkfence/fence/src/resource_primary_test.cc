@@ -148,10 +148,6 @@ TEST_F(PrimaryTest, APromotingMemberKeepsItsQueuesAndAFencedPrimaryStopsThemToRe
   ResourceOptions for_b = primary(*b);
   for_b.host_queueing = told_into(b_told);
   ASSERT_NO_FATAL_FAILURE(boot_members(std::move(for_a), std::move(for_b)));
-  ASSERT_FALSE(b_told.empty()) << "a member's first unfence stops them, its gate closed";
-  EXPECT_FALSE(b_told.front());
-  EXPECT_TRUE(b_told.back()) << "and gives them back as its gate opens";
-
   a_told.clear();
   b_told.clear();
   (void)promoted(*a);

@@ -200,9 +200,10 @@ void Resource::promote_take(Key key, const Reads& reads, std::set<std::uint64_t>
 // becomes the new key only when every LU shows it as the holder, registered, and no key of the
 // old primary left.
 void Resource::promote_verify(Key key, std::set<std::uint64_t> victims, int round, Time now) {
-  read_all(true, now,
+  read_all(Keys::kKeysAndPorts, now,
            [this, key, victims = std::move(victims), round](const Reads& reads, Time at) mutable {
-             std::string problem;
+             // A node with the same ids acting at the same time: its keys would pass for ours.
+             std::string problem = reads.ok() ? key_used_elsewhere(reads) : std::string();
              for (std::size_t i = 0; i < reads.lus.size() && problem.empty(); ++i) {
                const auto holder = reads.holder(i);
                if (!reads.lus[i].error.empty()) {

@@ -19,8 +19,8 @@ struct Resource::Reads {
   struct Lu {
     std::optional<codec::ReadReservation> reservation;
     std::optional<codec::ReadKeys> keys;
-    // nullopt: not asked, or not answered (a target without it, a path that failed): no error,
-    // since nothing else rests on it.
+    // nullopt: not asked, or refused as unsupported (ILLEGAL REQUEST); any other failure is the
+    // LU's error.
     std::optional<codec::FullStatus> full;
     std::string error;
   };

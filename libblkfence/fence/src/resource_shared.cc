@@ -130,7 +130,14 @@ void Resource::unfence_reserve(Key key, Time now) {
 }
 
 void Resource::unfence_verify(Key key, Time now) {
-  read_all(true, now, [this, key](Reads reads, Time at) {
+  read_all(Keys::kKeysAndPorts, now, [this, key](Reads reads, Time at) {
+    // A node with the same ids acting at the same time: its keys would pass for ours.
+    if (const std::string elsewhere = reads.ok() ? key_used_elsewhere(reads) : std::string();
+        !elsewhere.empty()) {
+      set_state(State::kReleased, "unfence refused: " + elsewhere);
+      end(fail(ErrorCode::kKeyInUse, "unfence of " + options_.name + ": " + elsewhere), at);
+      return;
+    }
     for (std::size_t i = 0; i < reads.lus.size(); ++i) {
       std::string problem;
       if (!reads.lus[i].error.empty()) {

@@ -157,6 +157,30 @@ TEST_F(ResourceTest, AKeyOfThisNodeRegisteredThroughAnotherPortIsRefused) {
   EXPECT_EQ(keys_on(1), (std::vector<std::uint64_t>{key.value(), key.value()}));
 }
 
+// A READ FULL STATUS that does not come back proves nothing about whose keys are on the LUs: the
+// read fails, as it would for READ KEYS, and the acquire with it, before it sends anything.
+TEST_F(ResourceTest, AFullStatusThatDoesNotComeBackFailsTheRead) {
+  a->faults = [](const FaultContext& c) {
+    Fault fault;
+    if (c.command.cdb[0] == 0x5e && (c.command.cdb[1] & 0x1fU) == 0x03) {
+      fault.os_errno = EIO;
+    }
+    return fault;
+  };
+  a->boot(with_ports(*a));
+  const std::size_t before = sent.size();
+  Outcome* failed = a->acquire();
+  ASSERT_TRUE(run_until([&] { return failed->done(); }));
+  ASSERT_FALSE(failed->result->has_value());
+  EXPECT_NE(failed->result->error().message().find("cannot read the LUs"), std::string::npos)
+      << failed->result->error().message();
+  const auto mine = a->sent_since(before);
+  EXPECT_TRUE(std::none_of(mine.begin(), mine.end(), [](const Sent& s) { return s.is_prout(); }));
+  a->faults = nullptr;
+  acquired(*a);
+  EXPECT_TRUE(a->resource->gate_open());
+}
+
 // A restarted daemon that finds a stale key of its own (registered on one nexus, while another
 // node holds) leaves it alone (S5): gate closed, no PR OUT; and its next acquire still draws an
 // epoch above it (S3).

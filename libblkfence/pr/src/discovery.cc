@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <iterator>
@@ -65,32 +64,24 @@ struct ResolvedPath {
 };
 
 // The initiator port of the nexus whose SCSI device sysfs has at device_dir (canonical:
-// /sys/devices/.../hostH/sessionS/targetH:C:T/H:C:T:L for iSCSI, .../hostH/rport-.../... for FC).
+// /sys/devices/.../hostH/sessionS/targetH:C:T/H:C:T:L for iSCSI): the session's initiator name,
+// which every session of the host shares unless an iface sets its own, so a registration made
+// through a session since gone still counts as this host's. Fibre Channel is left out: each HBA
+// port has its own name, and a registration made through a port whose paths are all gone would
+// count as another node's (docs/protocol.md, "Identical keys").
 std::optional<codec::TransportId> initiator_of(const fs::path& device_dir,
                                                const DiscoveryEnv& env) {
-  const fs::path classes = fs::path(env.sysfs_root) / "class";
   std::error_code ec;
   const fs::path devices = fs::weakly_canonical(fs::path(env.sysfs_root) / "devices", ec);
-  std::optional<codec::TransportId> found;
   for (const fs::path& part : device_dir.lexically_relative(devices)) {
-    const std::string name = part.string();
-    if (name.starts_with("session")) {
-      if (std::string iscsi = read_text(classes / "iscsi_session" / name / "initiatorname");
-          !iscsi.empty()) {
-        return codec::iscsi_transport_id(std::move(iscsi));
-      }
-    } else if (name.starts_with("host")) {
-      // An FC host's own port; a later part (an iSCSI session under the host) overrides it.
-      const std::string port = read_text(classes / "fc_host" / name / "port_name");
-      std::uint64_t value = 0;
-      if (port.starts_with("0x") &&
-          std::from_chars(port.data() + 2, port.data() + port.size(), value, 16).ec ==
-              std::errc()) {
-        found = codec::fc_transport_id(value);
-      }
+    if (part.string().starts_with("session")) {
+      std::string name =
+          read_text(fs::path(env.sysfs_root) / "class/iscsi_session" / part / "initiatorname");
+      return name.empty() ? std::nullopt
+                          : std::optional(codec::iscsi_transport_id(std::move(name)));
     }
   }
-  return found;
+  return std::nullopt;
 }
 
 Result<ResolvedPath> path_of_scsi_device(const fs::path& device_dir, const DiscoveryEnv& env,

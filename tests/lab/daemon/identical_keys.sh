@@ -7,7 +7,9 @@
 #   2. its acquire is refused with the conflict status (4) and the same reason, and sends nothing:
 #      A's key is still the only key and the holder of the LU, the PR generation did not move, and
 #      A's gate is still open;
-#   3. the control, that the refusal came from the identical ids: B configured with node_id 2
+#   3. A's own registrations, made under its sessions' ISIDs, are its own: A's daemon started
+#      again adopts its key and opens its gate;
+#   4. the control, that the refusal came from the identical ids: B configured with node_id 2
 #      acquires, and A's daemon reports itself fenced.
 #   usage: identical_keys.sh LU
 set -u
@@ -70,7 +72,14 @@ lab_expect "A's daemon completes more monitor rounds, still holding" bf_await_ch
 lab_expect_read "A still holds db" held bf_field A db state
 bf_stop B
 
-# --- 3. the control: B with its own node_id takes the LU ---------------------------------------
+# --- 3. A's own registrations are its own: its daemon started again adopts its key --------------
+bf_stop A
+lab_expect "A's daemon starts again and decides (its registrations, under its sessions' ISIDs, are its own)" bf_start A
+lab_expect_read "A holds db again" held bf_field A db state
+lab_expect_read "... with the same key" "$key_a" bf_field A db key
+lab_expect_read "... its gate open" true bf_field A db gate_open
+
+# --- 4. the control: B with its own node_id takes the LU ---------------------------------------
 bf_config B 2 preempt-and-abort "$lu" ""
 lab_expect "B's daemon (node_id 2) starts" bf_start B
 lab_expect "B acquires db" bf_ctl B acquire db --timeout 30s

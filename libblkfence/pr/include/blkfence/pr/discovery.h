@@ -25,9 +25,8 @@ struct Path {
   std::string sg;    // /dev/sgN; empty when the sg driver does not bind the device
   std::string sd;    // /dev/sdX; empty for a non-disk LU
   std::string hctl;  // host:channel:target:lun
-  // The nexus's initiator port as READ FULL STATUS names it, where sysfs tells it: iSCSI (the
-  // session's initiator name; its ISID left out), Fibre Channel (the host's N_Port name); nullopt
-  // for other transports (tcm_loop, SAS).
+  // The nexus's initiator port as READ FULL STATUS names it, for iSCSI: the session's initiator
+  // name, its ISID left out; nullopt for other transports (tcm_loop, SAS, Fibre Channel).
   std::optional<codec::TransportId> initiator;
 };
 
