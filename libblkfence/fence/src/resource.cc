@@ -11,6 +11,7 @@
 
 #include "blkfence/assert.h"
 #include "blkfence/codec/prin.h"
+#include "blkfence/codec/sense.h"
 #include "blkfence/pr/client.h"
 
 #include "mutants.h"
@@ -165,9 +166,6 @@ Result<std::uint32_t> Resource::draw_epoch(const Reads& reads, const std::string
   return highest + 1;
 }
 
-// SPC-4 4.5.6: the sense key of a command the device does not support.
-constexpr std::uint8_t kIllegalRequest = 0x05;
-
 bool Resource::ours(std::uint64_t key) const {
   return Key::cluster_of(key) == options_.cluster_id && Key::node_of(key) == options_.node_id;
 }
@@ -292,7 +290,8 @@ void Resource::read_all(Keys keys, Time now, ReadsDone then) {
                   lu.error = "READ FULL STATUS answer malformed";
                 }
               } else if (const auto& scsi = response.data.error().scsi();
-                         !scsi || scsi->sense_key != kIllegalRequest) {
+                         !scsi || scsi->sense_key !=
+                                      static_cast<std::uint8_t>(codec::SenseKey::kIllegalRequest)) {
                 lu.error = response.data.error().message();
               }
               continue;
