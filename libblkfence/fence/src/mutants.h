@@ -104,9 +104,10 @@ constexpr bool kStraysAboveLeft = true;
 constexpr bool kStraysAboveLeft = false;
 #endif
 
-// An acquire, promote or unfence re-keys a nexus of ours that holds with an older key while the
-// node still has writes in flight, as it once did (S1): a write marked with the older key outlives
-// the next holder's PREEMPT AND ABORT of the new one.
+// An acquire, promote or unfence registers without waiting for the node's earlier writes, as it
+// once did (S1): re-keying a nexus of ours that holds with an older key, a write marked with the
+// older key outlives the next holder's PREEMPT AND ABORT of the new one; registering a fenced
+// nexus again, a write still on its way or held back by the initiator lands.
 #ifdef BLKFENCE_MUTANT_REKEY_WITHOUT_DRAIN
 constexpr bool kRekeyWithoutDrain = true;
 #else

@@ -347,25 +347,29 @@ std::vector<pr::Request> Resource::register_everywhere(Key key) const {
   return requests;
 }
 
-// docs/protocol.md, "Re-keying a holding nexus". LIO marks each command it accepts with the key of
-// the reservation's holder at that moment, and a PREEMPT AND ABORT aborts the commands marked with
-// the keys it removes. A REGISTER AND IGNORE EXISTING KEY on a nexus of ours that holds with an
-// older key moves the reservation to the new key and leaves a write accepted under the older one
-// marked with it, where the next holder's PREEMPT AND ABORT of the new key does not reach it. So
-// the REGISTER waits until this node has no write in flight on such a LU: the kernel completes a
-// write only once the target is done with it (answered, or aborted by the error handler, which the
-// target answers once the command has left its backend), so none is left there either, and every
-// later write is accepted under the new key. (Aborting them ourselves, a PREEMPT AND ABORT of the
+// docs/protocol.md, "Re-keying a holding nexus" and "Writes queued in the initiator". A write this
+// node issued before the REGISTER must not be executed by the target after it:
+// - Through a nexus of ours that holds with an older key, the REGISTER AND IGNORE EXISTING KEY
+//   moves the reservation to the new key and leaves a write LIO accepted under the older one marked
+//   with it (LIO marks each command it accepts with the holder's key at that moment), where the
+//   next holder's PREEMPT AND ABORT of the new key does not reach it.
+// - Through a nexus whose key was removed (fenced), a write still on its way to the target, or
+//   held by the initiator (a multipath map with queue_if_no_path, a blocked SCSI device), is
+//   refused only while the nexus stays unregistered: after the REGISTER it lands.
+// So the REGISTER waits until this node has no write in flight on such a LU and no path of it
+// holds writes back: the kernel completes a write only once the target is done with it
+// (answered, or aborted by the error handler, which the target answers once the command has left
+// its backend), so none is left there either. (Aborting them ourselves, a PREEMPT AND ABORT of the
 // older key by itself, wedges LIO's iSCSI target when it is sent through the session the writes
 // came by: docs/reference/lio.md §6.)
-void Resource::drain_before_rekey(const Reads& reads, Key key, Time now,
-                                  std::function<void(const std::string&, Time)> then) {
-  // docs/protocol.md, "Writes queued in the initiator": nothing the host held back while the node
-  // was fenced may go out through the nexus this REGISTER makes registered again. The queues are
-  // stopped now, so that the writes they held fail and the count below sees what is left, and
-  // again right before the REGISTER (multipathd may turn queueing back on at any path event). Left
-  // alone only for a member whose gate is open and whose key the reads show on every LU (a
-  // promote): what it queued goes out through a nexus that stays registered.
+void Resource::drain_before_register(const Reads& reads, Key key, Time now,
+                                     std::function<void(const std::string&, Time)> then) {
+  // Nothing the host held back while the node was fenced may go out through the nexus this
+  // REGISTER makes registered again. The queues are stopped now, so that the writes they held
+  // fail and the count below sees what is left, and again right before the REGISTER (multipathd
+  // may turn queueing back on at any path event). Left alone only for a member whose gate is open
+  // and whose key the reads show on every LU (a promote): what it queued goes out through a nexus
+  // that stays registered.
   bool registered_everywhere = gate_open_;
   for (std::size_t i = 0; i < options_.lus.size() && registered_everywhere; ++i) {
     const auto& keys = reads.lus[i].keys;
@@ -386,33 +390,45 @@ void Resource::drain_before_rekey(const Reads& reads, Key key, Time now,
       then(failed.empty() ? draining : not_stopped(failed), at);
     };
   }
-  std::vector<std::size_t> lus;
+  // Every LU while the gate is closed; with it open (a promote), those an older key of ours holds.
+  std::vector<Draining> lus;
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     const auto holder = reads.holder(i);
-    if (holder && ours(*holder) && *holder != key.value() && !mutant::kRekeyWithoutDrain) {
-      lus.push_back(i);
+    const bool rekeyed = holder && ours(*holder) && *holder != key.value();
+    if ((rekeyed || !registered_everywhere) && !mutant::kRekeyWithoutDrain) {
+      lus.push_back(Draining{.lu = i, .busy = false});
     }
   }
   if (lus.empty()) {
     then({}, now);
     return;
   }
-  drain_look(std::move(lus), now + options_.drain_wait, now, std::move(then));
+  drain_look(lus, now + options_.drain_wait, now, std::move(then));
 }
 
-void Resource::drain_look(std::vector<std::size_t> lus, Time deadline, Time now,
+// A LU is drained at a look that finds no write in flight and no path holding writes back, unless
+// the look before found some: then at the next look too. A blocked device's queue is started
+// again after its state reads "running", and a request the error handler retries waits in a
+// requeue list for a moment, counted nowhere: one more look a check_interval later counts them.
+void Resource::drain_look(const std::vector<Draining>& lus, Time deadline, Time now,
                           std::function<void(const std::string&, Time)> then) {
   std::string left;
-  for (const std::size_t i : lus) {
+  std::vector<Draining> next_lus;
+  for (const Draining& d : lus) {
     const auto writes = options_.writes_in_flight
-                            ? options_.writes_in_flight(options_.lus[i])
+                            ? options_.writes_in_flight(options_.lus[d.lu])
                             : fail(ErrorCode::kNotSupported, "cannot count the writes in flight");
-    if (!writes || *writes > 0) {
-      left += (left.empty() ? "" : ", ") + options_.lus[i].name + ": " +
-              (writes ? std::to_string(*writes) + " write(s) in flight" : writes.error().message());
+    const bool clean = writes && *writes == 0;
+    if (clean && !d.busy) {
+      continue;
     }
+    next_lus.push_back(Draining{.lu = d.lu, .busy = !clean});
+    left += (left.empty() ? "" : ", ") + options_.lus[d.lu].name + ": " +
+            (clean    ? std::string("none now, looking once more")
+             : writes ? std::to_string(*writes) + " write(s) in flight"
+                      : writes.error().message());
   }
-  if (left.empty()) {
+  if (next_lus.empty()) {
     then({}, now);
     return;
   }
@@ -420,18 +436,15 @@ void Resource::drain_look(std::vector<std::size_t> lus, Time deadline, Time now,
     const auto waited = std::chrono::duration_cast<std::chrono::seconds>(options_.drain_wait);
     const std::string when =
         cancelled_ ? "before the cancel" : "within " + std::to_string(waited.count()) + " s";
-    then("this node's writes under its older key did not finish " + when + " (" + left +
-             "); the holding nexus is not re-keyed while they may still land",
+    then("this node's earlier writes did not finish " + when + " (" + left +
+             "); nothing is registered while they may still land",
          now);
     return;
   }
-  detail_ = "waiting for this node's writes under its older key to finish before re-keying (" +
-            left + ")";
+  detail_ = "waiting for this node's earlier writes to finish before registering (" + left + ")";
   const Time next = std::min(deadline, now + options_.check_interval);
-  draining_.emplace(
-      next, [this, lus = std::move(lus), deadline, then = std::move(then)](Time at) mutable {
-        drain_look(std::move(lus), deadline, at, std::move(then));
-      });
+  draining_.emplace(next, [this, lus = std::move(next_lus), deadline, then = std::move(then)](
+                              Time at) mutable { drain_look(lus, deadline, at, std::move(then)); });
 }
 
 void Resource::begin(Op op, Done done) {

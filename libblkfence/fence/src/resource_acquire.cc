@@ -101,27 +101,27 @@ void Resource::acquire_register(Key key, Reads reads, int round, Time now) {
     acquire_failed(key, "cancelled before registering", now);
     return;
   }
-  drain_before_rekey(reads, key, now,
-                     [this, key, round, reads](const std::string& draining, Time from) mutable {
-                       if (!draining.empty()) {
-                         acquire_not_registered(key, draining, from);
-                         return;
-                       }
-                       if (cancelled_) {
-                         acquire_failed(key, "cancelled before registering", from);
-                         return;
-                       }
-                       run(register_everywhere(key), from,
-                           [this, key, round, reads = std::move(reads)](
-                               const std::vector<pr::Response>& responses, Time at) mutable {
-                             note_late_registers(responses, at);
-                             if (const std::string error = first_error(responses); !error.empty()) {
-                               acquire_failed(key, "register: " + error, at);
-                               return;
-                             }
-                             acquire_take(key, std::move(reads), false, round, at);
-                           });
-                     });
+  drain_before_register(
+      reads, key, now, [this, key, round, reads](const std::string& draining, Time from) mutable {
+        if (!draining.empty()) {
+          acquire_not_registered(key, draining, from);
+          return;
+        }
+        if (cancelled_) {
+          acquire_failed(key, "cancelled before registering", from);
+          return;
+        }
+        run(register_everywhere(key), from,
+            [this, key, round, reads = std::move(reads)](const std::vector<pr::Response>& responses,
+                                                         Time at) mutable {
+              note_late_registers(responses, at);
+              if (const std::string error = first_error(responses); !error.empty()) {
+                acquire_failed(key, "register: " + error, at);
+                return;
+              }
+              acquire_take(key, std::move(reads), false, round, at);
+            });
+      });
 }
 
 // A PREEMPT or RESERVE that timed out may still execute, and make our key the holder, at any time

@@ -10,6 +10,7 @@
 // before any further PR OUT, leave the loser's registration to the winner's monitor, and never
 // unregister where the node's own released key holds; an acquire, in this run or after a restart,
 // waits until an earlier REGISTER that timed out can no longer execute.
+#include <cerrno>
 #include <memory>
 
 #include <gtest/gtest.h>
@@ -239,6 +240,65 @@ INSTANTIATE_TEST_SUITE_P(OneOrTwoPaths, RekeyTest, ::testing::Values(1U, 2U),
                          [](const auto& param_info) {
                            return param_info.param == 1U ? "OnePath" : "TwoPaths";
                          });
+
+// docs/protocol.md, "Writes queued in the initiator": a fenced node's REGISTER makes its nexuses
+// registered again, and a write of its from before that is still on its way to the target, or
+// held back by the initiator (a blocked SCSI device counts it nowhere), would land after it. So the
+// acquire registers only once the node has no write in flight on any LU and no path holds writes
+// back; a LU that was busy at one look must be clean at the next one too (a blocked device's queue
+// restarts just after its state reads "running"). Meanwhile the status says what it waits for.
+TEST_F(ResourceTest, AFencedNodeRegistersAgainOnlyOnceItsEarlierWritesAreDone) {
+  Result<std::uint64_t> lu0 = 0;
+  int looks = 0;
+  ResourceOptions options = a->options();
+  options.writes_in_flight = [&](const pr::LogicalUnit& lu) -> Result<std::uint64_t> {
+    if (lu.name != "lu0") {
+      return 0;
+    }
+    ++looks;
+    return lu0;
+  };
+  a->boot(options);
+  b->boot(b->options());
+  acquired(*a);
+  acquired(*b);
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  ASSERT_FALSE(a->resource->gate_open());
+
+  const std::size_t before = sent.size();
+  const auto registered = [&] {
+    const auto mine = a->sent_since(before);
+    return std::any_of(mine.begin(), mine.end(), [](const Sent& s) {
+      return s.is(PrOutAction::kRegisterAndIgnoreExistingKey) || s.is(PrOutAction::kRegister);
+    });
+  };
+  const auto detail_says = [&](const std::string& text) {
+    return a->resource->detail().find(text) != std::string::npos;
+  };
+  lu0 = 2;
+  Outcome* outcome = a->acquire();
+  ASSERT_TRUE(run_until([&] { return detail_says("lu0: 2 write(s) in flight"); }))
+      << a->resource->detail();
+  const int looks_busy = looks;
+  ASSERT_TRUE(run_until([&] { return looks > looks_busy + 2; }));
+  EXPECT_FALSE(registered());
+
+  lu0 = tl::unexpected(Error::os(EBUSY, "/dev/sdb may hold writes that no count shows"));
+  ASSERT_TRUE(run_until([&] { return detail_says("lu0: /dev/sdb may hold writes"); }))
+      << a->resource->detail();
+  EXPECT_FALSE(registered());
+
+  lu0 = 0;
+  ASSERT_TRUE(run_until([&] { return detail_says("lu0: none now, looking once more"); }))
+      << a->resource->detail();
+  EXPECT_FALSE(registered()) << "registered at the first clean look after a busy one";
+  const int looks_clean = looks;
+  ASSERT_TRUE(run_until([&] { return outcome->done(); }));
+  ASSERT_TRUE(outcome->result->has_value()) << outcome->result->error().message();
+  EXPECT_EQ(looks, looks_clean + 1);
+  EXPECT_TRUE(registered());
+  EXPECT_TRUE(a->resource->gate_open());
+}
 
 // An older key of this node that holds through a nexus the node no longer has (the path went
 // away; the target still has that nexus registered, holding) cannot be moved by our REGISTERs, and

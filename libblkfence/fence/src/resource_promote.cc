@@ -86,7 +86,7 @@ void Resource::promote_draw(const Reads& reads, Time now) {
   }
   // A primary promoted again over its own older key (after lost contact) re-keys the nexus that
   // holds: its writes under the older key must have finished first.
-  drain_before_rekey(reads, key, now, [this, key](const std::string& draining, Time from) {
+  drain_before_register(reads, key, now, [this, key](const std::string& draining, Time from) {
     if (!draining.empty()) {
       // Nothing of the new key was sent: the older key holds as before.
       detail_ = "promote failed: " + draining;

@@ -81,7 +81,7 @@ void Resource::unfence_register(Time now) {
     key_ = key;
     // A primary rejoining as a member re-keys the nexus that holds: its writes under the older key
     // must have finished first (shared mode's epoch-0 key never holds with another value).
-    drain_before_rekey(reads, key, read_at, [this, key](const std::string& draining, Time from) {
+    drain_before_register(reads, key, read_at, [this, key](const std::string& draining, Time from) {
       if (!draining.empty()) {
         set_state(State::kReleased, "unfence failed: " + draining);
         end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + draining), from);

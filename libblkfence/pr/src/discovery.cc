@@ -286,15 +286,40 @@ std::optional<std::uint64_t> inflight_writes(const fs::path& block_dir) {
   return writes;
 }
 
+// Why the SCSI layer may hold commands of path unstarted, where no count sees them, or "" when it
+// holds none: its device blocked (an iSCSI session in recovery, a Fibre Channel remote port that
+// went away: until the transport is back or gives up) or quiesced, or its host in error recovery
+// (nothing new is started on it until the error handler is done).
+std::string held_back(const Path& path, const DiscoveryEnv& env) {
+  const std::string state =
+      read_text(fs::path(env.sysfs_root) / "class/scsi_device" / path.hctl / "device/state");
+  if (state == "blocked" || state == "created-blocked" || state == "quiesce") {
+    return "its SCSI device " + path.hctl + " is " + state +
+           " (an iSCSI session or a Fibre Channel port in recovery)";
+  }
+  const std::string host = path.hctl.substr(0, path.hctl.find(':'));
+  const std::string host_state =
+      read_text(fs::path(env.sysfs_root) / "class/scsi_host" / ("host" + host) / "state");
+  if (host_state.find("recovery") != std::string::npos) {
+    return "its SCSI host host" + host + " is in error recovery";
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu, const DiscoveryEnv& env) {
   const fs::path block = fs::path(env.sysfs_root) / "class/block";
   std::vector<std::string> pending;
   for (const Path& path : lu.paths) {
-    if (!path.sd.empty()) {
-      pending.push_back(fs::path(path.sd).filename().string());
+    if (path.sd.empty()) {
+      continue;
     }
+    if (const std::string why = held_back(path, env); !why.empty()) {
+      return tl::unexpected(
+          Error::os(EBUSY, path.sd + " may hold writes that no count shows: " + why));
+    }
+    pending.push_back(fs::path(path.sd).filename().string());
   }
   std::set<std::string> seen;
   std::uint64_t total = 0;

@@ -4,6 +4,7 @@
 // with a message naming them.
 #include "blkfence/pr/discovery.h"
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -223,6 +224,59 @@ TEST_F(FakeSysfs, WritesInFlightSumThePathsAndEveryDeviceStackedOnThem) {
   const auto gone = writes_in_flight((*lus)[0], env_);
   ASSERT_FALSE(gone.has_value());
   EXPECT_NE(gone.error().message().find("sdb/inflight"), std::string::npos);
+}
+
+// A blocked SCSI device (an iSCSI session in recovery), a quiesced one, and a host in error
+// recovery hold commands in the block layer unstarted, where inflight does not count them
+// (docs/protocol.md, "Writes queued in the initiator"): the count fails with EBUSY, naming the
+// path and why, until the device runs again and its host is out of recovery.
+TEST_F(FakeSysfs, WritesInFlightAreUnknownWhileAPathHoldsCommandsBack) {
+  add_scsi_disk("0:0:1:0", "sda", 0, "sg0", 0, 0x07);
+  add_scsi_disk("1:0:1:0", "sdb", 16, "sg1", 1, 0x07);
+  for (const char* sd : {"sda", "sdb"}) {
+    std::ofstream(root_ / "sys/class/block" / sd / "inflight") << "       0        0\n";
+  }
+  const auto set_state = [&](const std::string& hctl, const std::string& state) {
+    std::ofstream(root_ / "sys/class/scsi_device" / hctl / "device/state") << state << "\n";
+  };
+  const auto set_host_state = [&](const std::string& host, const std::string& state) {
+    fs::create_directories(root_ / "sys/class/scsi_host" / host);
+    std::ofstream(root_ / "sys/class/scsi_host" / host / "state") << state << "\n";
+  };
+  set_state("0:0:1:0", "running");
+  set_state("1:0:1:0", "running");
+  set_host_state("host0", "running");
+  set_host_state("host1", "running");
+  const auto lus = discover({dev("sda"), dev("sdb")}, env_);
+  ASSERT_TRUE(lus.has_value()) << lus.error().message();
+  ASSERT_EQ(lus->size(), 1U);
+  EXPECT_EQ(writes_in_flight((*lus)[0], env_).value_or(99), 0U);
+
+  for (const char* state : {"blocked", "created-blocked", "quiesce"}) {
+    set_state("1:0:1:0", state);
+    const auto held = writes_in_flight((*lus)[0], env_);
+    ASSERT_FALSE(held.has_value()) << state;
+    EXPECT_EQ(held.error().errno_value(), EBUSY);
+    EXPECT_NE(held.error().message().find(dev("sdb") +
+                                          " may hold writes that no count shows: its "
+                                          "SCSI device 1:0:1:0 is " +
+                                          state),
+              std::string::npos)
+        << held.error().message();
+  }
+  // Offline and transport-offline devices fail what they hold and what comes: nothing waits.
+  for (const char* state : {"offline", "transport-offline", "running"}) {
+    set_state("1:0:1:0", state);
+    EXPECT_EQ(writes_in_flight((*lus)[0], env_).value_or(99), 0U) << state;
+  }
+  set_host_state("host0", "recovery");
+  const auto recovering = writes_in_flight((*lus)[0], env_);
+  ASSERT_FALSE(recovering.has_value());
+  EXPECT_NE(recovering.error().message().find("its SCSI host host0 is in error recovery"),
+            std::string::npos)
+      << recovering.error().message();
+  set_host_state("host0", "running");
+  EXPECT_EQ(writes_in_flight((*lus)[0], env_).value_or(99), 0U);
 }
 
 // What a path's fd reaches is checked by its device number: sg and sd of the LU pass; once the LU's

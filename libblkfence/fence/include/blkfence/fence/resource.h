@@ -84,12 +84,13 @@ struct ResourceOptions {
   int keys_every = 4;         // READ KEYS every this many monitor rounds
   int verify_rounds_max = 3;  // preempt-others/verify rounds before an acquire gives up
   // The writes this node has in flight on a LU (with its current paths): issued through any of
-  // its paths, or any block device stacked on them, and not yet completed. Before a REGISTER
-  // re-keys a nexus that holds with an older key of ours, they must be none (docs/protocol.md,
-  // "Re-keying a holding nexus"). Unset: the node cannot tell, and such a re-key waits drain_wait,
-  // then fails.
+  // its paths, or any block device stacked on them, and not yet completed; an error when they
+  // cannot be counted (a path holding commands back). Before a REGISTER while the gate is closed,
+  // and before one that re-keys a nexus holding with an older key of ours, they must be none
+  // (docs/protocol.md, "Writes queued in the initiator", "Re-keying a holding nexus"). Unset: the
+  // node cannot tell, and such a REGISTER waits drain_wait, then fails.
   std::function<Result<std::uint64_t>(const pr::LogicalUnit& lu)> writes_in_flight;
-  // How long that re-key waits for them before its operation fails with what is still in flight.
+  // How long that REGISTER waits for them before its operation fails with what is still in flight.
   std::chrono::nanoseconds drain_wait{std::chrono::seconds(60)};
   // The host's queues that hold writes while a LU has no usable path and send them once one is
   // back (dm-multipath maps with queue_if_no_path): host_queueing(lu, false) stops every such
@@ -251,14 +252,19 @@ class Resource {
   enum class Keys : std::uint8_t { kNone, kKeys, kKeysAndPorts };
   void read_all(Keys keys, Time now, ReadsDone then);
   // Before a REGISTER of key: with the gate closed, stops the host's queues on every LU
-  // (host_queueing); where reads showed an older key of ours holding, waits until this node has no
-  // write in flight on those LUs (at most drain_wait); then(error) with an empty error once both
-  // are done, else with what failed or is still in flight.
-  void drain_before_rekey(const Reads& reads, Key key, Time now,
-                          std::function<void(const std::string&, Time)> then);
+  // (host_queueing) and waits until this node has no write in flight and no path holding writes
+  // back on every LU; with it open, waits so on the LUs where reads showed an older key of ours
+  // holding (at most drain_wait); then(error) with an empty error once that is done, else with
+  // what failed or is still in flight.
+  void drain_before_register(const Reads& reads, Key key, Time now,
+                             std::function<void(const std::string&, Time)> then);
   // host_queueing(lu, queue) on every LU: what failed, "" when nothing did.
   std::string set_host_queueing(bool queue);
-  void drain_look(std::vector<std::size_t> lus, Time deadline, Time now,
+  struct Draining {
+    std::size_t lu;
+    bool busy;  // the last look found writes, or could not count them
+  };
+  void drain_look(const std::vector<Draining>& lus, Time deadline, Time now,
                   std::function<void(const std::string&, Time)> then);
   bool refuse(Mode mode, Time now, Done& done);
   void begin(Op op, Done done);

@@ -66,8 +66,10 @@ DiscoveryEnv system_discovery_env();
 // request-based map holds while it has no path (queue_if_no_path) counts nowhere (the map requeues
 // it, and blk-mq counts only requests on their way down): stop the map queueing first
 // (multipath.h). Fails when a path's disk has no such file (it
-// went away: what it had in flight is unknown), and when a device counted has I/O accounting off
-// (queue/iostats 0: its inflight reads 0 whatever it has). Paths without a disk count nothing.
+// went away: what it had in flight is unknown), when a device counted has I/O accounting off
+// (queue/iostats 0: its inflight reads 0 whatever it has), and with EBUSY while a path's SCSI
+// device is blocked or quiesced or its host is in error recovery (the block layer holds commands
+// unstarted, where no count sees them). Paths without a disk count nothing.
 [[nodiscard]] Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu,
                                                      const DiscoveryEnv& env);
 
