@@ -38,6 +38,11 @@
 #     A's writes wait in a dm-multipath map of A's with queue_if_no_path and no path while B
 #     promotes; A rejoins and the path comes back. blkfenced stops the map queueing as A's gate
 #     closes, so they fail there and nothing lands; the keep_host_queues mutant lets them land.
+#   recovery, recovery-mutant: writes held in a blocked SCSI device (below, run_recovery_case): A's
+#     second path to the LU is an iSCSI session in recovery, its writes wait there unstarted while
+#     B acquires; A acquires again. blkfenced waits while the path is blocked, and its writes are
+#     refused once the session is back; the rekey_without_drain mutant registers at once, its
+#     REGISTER goes out first, and A's writes land.
 #   Aborting A's writes instead, with a PREEMPT AND ABORT of K1 by A through its only nexus,
 #   wedges LIO's iSCSI target on Debian 12's 6.1 (TAS on, LIO's default; docs/reference/lio.md
 #   §6), and with TAS off lets A's initiator resend the writes, stamped K1 again, when the backend
@@ -47,7 +52,8 @@
 # each step, and the kernel's log of the commands each PREEMPT AND ABORT aborted (dynamic debug of
 # target_core_tmr.c) and of A's connection.
 #   usage: rekey_inflight.sh [notas] [CASE...]   (CASE: control, drain, daemon-mutant, daemon,
-#   takeover, takeover-preempt, promote, promote-preempt, queued-mutant, queued; default all ten)
+#   takeover, takeover-preempt, promote, promote-preempt, queued-mutant, queued, recovery-mutant,
+#   recovery; default all twelve)
 #   notas builds the LU with attrib/emulate_tas 0 (LIO takes it only before the LU is exported).
 #   REKEY_DELAY_MS overrides the write delay (default 4000). A's writes must still be held when
 #   B's preempt returns: from A's writes going in flight to that took at most 0.8 s under TCG in
@@ -63,11 +69,11 @@ cases=()
 for arg; do
   if [[ $arg == notas ]]; then tas=0; else cases+=("$arg"); fi
 done
-((${#cases[@]})) || cases=(control drain daemon-mutant daemon takeover takeover-preempt promote promote-preempt queued-mutant queued)
+((${#cases[@]})) || cases=(control drain daemon-mutant daemon takeover takeover-preempt promote promote-preempt queued-mutant queued recovery-mutant recovery)
 [[ $LAB_FABRIC == iscsi ]] || { lab_not_ok "rekey_inflight.sh needs the iscsi fabric (PREEMPT AND ABORT deadlocks over tcm_loop)"; lab_done; exit; }
 k1=0x7265000100000001 k2=0x7265000100000002 k3=0x7265000200000003
 writers=4 witnesses=(2 3) b_first=0 b_count=2
-portal=127.0.0.5
+portal=127.0.0.5 portal2=127.0.0.6
 tpg=$lab_cfs/iscsi/$lab_iscsi_target/tpgt_3
 backstore=$lab_cfs/core/iblock_0/lu_rekey
 dm_name=lab_rekey_delay mp_name=lab_rekey_queue
@@ -77,11 +83,19 @@ work=$(mktemp -d)
 loopdev="" dm="" ddebug=""
 declare -A dev host
 writer_pids=()
+a_devices=""
 
+# logout_second: node A's second session (portal2, the recovery cases) gone, and its record.
+logout_second() {
+  iscsiadm -m node -T "$lab_iscsi_target" -p "$portal2:3260" -I lab-a --logout >/dev/null 2>&1
+  iscsiadm -m node -T "$lab_iscsi_target" -p "$portal2:3260" -I lab-a -o delete >/dev/null 2>&1
+}
 cleanup() {
   local pid node acl
   for pid in "${writer_pids[@]}"; do kill "$pid" 2>/dev/null; done
   [[ -n $ddebug ]] && echo 'module target_core_mod file target_core_tmr.c -p' >"$ddebug" 2>/dev/null
+  nft delete table inet bf_rekey >/dev/null 2>&1
+  logout_second
   for node in a b; do
     iscsiadm -m node -T "$lab_iscsi_target" -p "$portal:3260" -I "lab-$node" --logout >/dev/null 2>&1
     iscsiadm -m node -T "$lab_iscsi_target" -p "$portal:3260" -I "lab-$node" -o delete >/dev/null 2>&1
@@ -92,7 +106,7 @@ cleanup() {
     rmdir "$acl/lun_0" "$acl" 2>/dev/null
   done
   rm -f "$tpg/lun/lun_0/lu_rekey" 2>/dev/null
-  rmdir "$tpg/lun/lun_0" "$tpg/np/$portal:3260" 2>/dev/null
+  rmdir "$tpg/lun/lun_0" "$tpg/np/$portal:3260" "$tpg/np/$portal2:3260" 2>/dev/null
   [[ -d $tpg ]] && { echo 0 >"$tpg/enable"; rmdir "$tpg"; } 2>/dev/null
   rmdir "$backstore" 2>/dev/null
   dmsetup remove --noudevsync "$mp_name" >/dev/null 2>&1
@@ -123,7 +137,7 @@ make_lu() {
     echo 1 >"$backstore/enable" &&
     echo "$serial" >"$backstore/wwn/vpd_unit_serial" &&
     echo "$tas" >"$backstore/attrib/emulate_tas" || return 1
-  mkdir -p "$tpg/np/$portal:3260" && mkdir "$tpg/lun/lun_0" &&
+  mkdir -p "$tpg/np/$portal:3260" "$tpg/np/$portal2:3260" && mkdir "$tpg/lun/lun_0" &&
     ln -s "$backstore" "$tpg/lun/lun_0/lu_rekey" || return 1
   for n in 1 2; do
     acl=$tpg/acls/$(lab_iscsi_initiator "$n")
@@ -310,10 +324,10 @@ kernel_log() {
   }'
 }
 
-# start_writers CASE FIRST DEV [queued]: A's writers, one write of one block each from FIRST on, each
-# leaving its exit status and end time in $work/CASE.end.W; returns once all are in flight at the
-# backend, or with queued once all wait in DEV's map and none reached the backend (fails, saying
-# so, when they do not).
+# start_writers CASE FIRST DEV [queued|started]: A's writers, one write of one block each from
+# FIRST on, each leaving its exit status and end time in $work/CASE.end.W; returns once all are in
+# flight at the backend, with queued once all wait in DEV's map and none reached the backend (fails,
+# saying so, when they do not), with started at once.
 start_writers() {
   local case=$1 first=$2 a=$3 w
   writer_pids=()
@@ -324,6 +338,7 @@ start_writers() {
     ) &
     writer_pids+=($!)
   done
+  [[ ${4:-} == started ]] && return 0
   if [[ ${4:-} == queued ]]; then
     if ! await 200 writes_queued "$a" "$writers" || ! backend_has 0; then
       lab_not_ok "$case: A's $writers writes wait in the map: $(backend_inflight) at the backend; $(writers_seen "$a")"
@@ -413,9 +428,13 @@ run_case() {
 # only once they have left the backend, and nothing of A's lands after B's acquire returned.
 # daemon-mutant: blkfenced built with the rekey_without_drain mutant re-keys at once, and A's
 # writes land after B's acquire returned: the check sees the window when the wait is missing.
-# daemon_config NODE ID DEV [PREEMPT MODE COMMAND_TIMEOUT LEASE]: NODE's configuration (PREEMPT
-# AND ABORT, exclusive, 2 s, 3 s by default).
+# daemon_config NODE ID DEVS [PREEMPT MODE COMMAND_TIMEOUT LEASE]: NODE's configuration on the
+# paths DEVS (space-separated; PREEMPT AND ABORT, exclusive, 2 s, 3 s by default).
 daemon_config() {
+  local -a names
+  local devices="" name
+  read -r -a names <<<"$3"
+  for name in "${names[@]}"; do devices+="${devices:+, }\"$name\""; done
   mkdir -p "$BF/$1/state" "$BF/$1/run"
   cat >"$BF/$1/blkfence.toml" <<TOML
 cluster = "lab"
@@ -425,7 +444,7 @@ run_dir = "$BF/$1/run"
 
 [[resource]]
 name = "db"
-devices = ["$3"]
+devices = [$devices]
 mode = "${5:-exclusive}"
 preempt = "${4:-preempt-and-abort}"
 check_interval = "500ms"
@@ -436,12 +455,13 @@ TOML
 }
 
 # start_daemons CASE BINARY [PREEMPT MODE COMMAND_TIMEOUT LEASE]: a fresh blkfenced on each node,
-# node A's built as BINARY, resource "db" on the node's path to the delayed LU (daemon_config).
+# node A's built as BINARY, resource "db" on the node's path to the delayed LU (daemon_config; A's
+# on the paths a_devices names, when set).
 start_daemons() {
   local case=$1 binary=$2
   shift 2
   rm -rf "$BF"
-  daemon_config A 1 "${dev[1]}" "$@" && daemon_config B 2 "${dev[2]}" "$@" || return 1
+  daemon_config A 1 "${a_devices:-${dev[1]}}" "$@" && daemon_config B 2 "${dev[2]}" "$@" || return 1
   bf_start A "$binary" >"$work/start.A" 2>&1 || { lab_not_ok "$case: A's daemon starts: $(cat "$work/start.A")"; return 1; }
   bf_start B >"$work/start.B" 2>&1 || { lab_not_ok "$case: B's daemon starts: $(cat "$work/start.B")"; return 1; }
 }
@@ -658,7 +678,148 @@ writes_queued() {
 }
 status_says_waiting() {
   local status
-  status=$(bf_ctl A status db 2>/dev/null) && [[ $status == *"waiting for this node's writes"* ]]
+  status=$(bf_ctl A status db 2>/dev/null) && [[ $status == *"waiting for this node's earlier writes"* ]]
+}
+
+# A path in recovery (docs/protocol.md, "Writes queued in the initiator"), blkfenced on both nodes
+# in exclusive mode: A reaches the LU through two sessions, portal and portal2 (two I_T nexuses),
+# and holds it. nftables drops every packet of the second session; A's four writes through that
+# path go out into nothing, the session fails on its NOP-Out timeout and goes into recovery, its
+# SCSI device is blocked, and the writes wait in A's block layer, not started (counted nowhere),
+# none at the target. B acquires (PREEMPT AND ABORT of A's key); A's daemon sees the fence through
+# its first path; A acquires again while the second session still recovers; then the session is
+# let back.
+#   recovery: A's acquire waits, its status naming the blocked path; once the session is back A's
+#     writes go out through a nexus still unregistered and are refused, and only then does A
+#     register: nothing of A's lands after B's acquire returned.
+#   recovery-mutant: A runs blkfenced built with the rekey_without_drain mutant, which registers
+#     at once: its REGISTER through the blocked path waits at the head of that queue, goes out first
+#     when the session is back, and A's writes land after it, after B's acquire returned.
+run_recovery_case() {
+  local case=$1 first=$2 binary=$BLKFENCED a2="" hctl2="" s1 final w
+  [[ $case == recovery-mutant ]] && binary=${BLKFENCED_MUTANT_REKEY:?BLKFENCED_MUTANT_REKEY must name the mutant blkfenced}
+  echo "--- $case: blocks $first-$((first + writers - 1)), A writes through a path in recovery, A runs ${binary##*/}"
+  mark_clean "$case" "$first" || return 1
+  if ! login_second || ! await 600 second_dev; then
+    lab_not_ok "$case: A's second session to the LU ($portal2)"
+    logout_second
+    return 1
+  fi
+  a2=$second hctl2=$second_hctl
+  lab_pr -k "$a2" >/dev/null  # the fresh nexus's unit attention
+  say "$case: A's second path $a2 ($hctl2) through $portal2"
+  recovery_steps "$case" "$first" "$binary" "$a2" "$hctl2"
+  nft delete table inet bf_rekey >/dev/null 2>&1
+  ((${#writer_pids[@]} == 0)) || await 1200 writers_ended "$case"
+  stop_daemons
+  logout_second
+}
+# recovery_steps CASE FIRST BINARY DEV HCTL: run_recovery_case's steps once A's second path DEV
+# (H:C:T:L HCTL) is there.
+recovery_steps() {
+  local case=$1 first=$2 binary=$3 a2=$4 hctl2=$5 b=${dev[2]} s1 final w
+  # The LU by its WWN, so that A's daemon finds both paths.
+  a_devices=$(cat "/sys/block/${a2#/dev/}/device/wwid") || return 1
+  start_daemons "$case" "$binary" preempt-and-abort exclusive 2s 5s || { a_devices=""; return 1; }
+  a_devices=""
+  ctl_timed "$case: A acquires (both paths)" A acquire db || return 1
+  lab_expect "$case: the second session's packets are dropped" block_portal2
+  start_writers "$case" "$first" "$a2" started || return 1
+  if ! await 1200 writes_unstarted "$a2" "$hctl2"; then
+    lab_not_ok "$case: A's writes wait in the blocked device: state $(cat "/sys/class/scsi_device/$hctl2/device/state"), inflight $(cat "/sys/block/${a2#/dev/}/inflight"), $(backend_inflight) at the backend"
+    return 1
+  fi
+  say "$case: A's $writers writes wait in its blocked device $hctl2, counted nowhere, none at the backend"
+  ctl_timed "$case: B acquires (PREEMPT AND ABORT of A's key)" B acquire db || return 1
+  b_writes "$case" "$first" acquire
+  s1=$(blocks "$work/$case.s1")
+  say "$case: the blocks right after B's acquire: $s1"
+  lab_expect "$case: A's daemon reports fenced" bf_await A db state fenced
+  # In the background, so that the status can be read meanwhile; its check is made below.
+  (
+    t0=${EPOCHREALTIME/./}
+    bf_ctl A acquire db >"$work/$case.acquire" 2>&1
+    echo "$? $(((${EPOCHREALTIME/./} - t0) / 1000))" >"$work/$case.acquire.rc"
+  ) &
+  if [[ $case == recovery ]]; then
+    lab_expect "$case: A's acquire waits, its status naming the blocked path" \
+      await 400 status_says "may hold writes that no count shows: its SCSI device $hctl2 is blocked"
+    lab_expect "$case: ... and A sent no REGISTER meanwhile (A's writes still wait)" \
+      writes_unstarted "$a2" "$hctl2"
+  else
+    # The mutant's REGISTER through the blocked path waits in that queue: A's acquire fails on it
+    # (its command timeout) or goes on through the first path; either way it has been sent.
+    lab_expect "$case: A's acquire ends" await 1200 test -s "$work/$case.acquire.rc"
+  fi
+  lab_expect "$case: the second session's packets pass again" nft delete table inet bf_rekey
+  lab_expect "$case: the second session logs in again" await 1200 device_state "$hctl2" running
+  writers_report "$case"
+  lab_expect "$case: A's acquire ends" await 1800 test -s "$work/$case.acquire.rc"
+  say "$case: A's acquire: exit $(cut -d' ' -f1 "$work/$case.acquire.rc") after $(cut -d' ' -f2 "$work/$case.acquire.rc") ms: $(cat "$work/$case.acquire")"
+  final=$(final_blocks "$case" "$first")
+  say "$case: the blocks once A's writers ended: $final"
+  if [[ $case == recovery ]]; then
+    lab_expect_eq "$case: A's acquire succeeded" "$(cut -d' ' -f1 "$work/$case.acquire.rc")" 0
+    judge_blocks "$case" "$first" acquire no "$s1" "$final"
+    for ((w = 0; w < writers; w++)); do
+      lab_expect_eq "$case: A's writer $w was refused" "$(cut -d' ' -f1 "$work/$case.end.$w" 2>/dev/null)" 1
+    done
+  else
+    judge_blocks "$case" "$first" acquire over-b "$s1" "$final"
+  fi
+}
+# login_second: node A's session to the LU through portal2, with NOP-Outs every second that time
+# out after 2 s (so that a dropped session fails within seconds) and a replacement_timeout of 120
+# s (its devices stay blocked, their commands held, for the whole case).
+login_second() {
+  local n
+  iscsiadm -m node -o new -T "$lab_iscsi_target" -p "$portal2:3260,3" -I lab-a >/dev/null || return 1
+  for n in node.conn[0].timeo.noop_out_interval=1 node.conn[0].timeo.noop_out_timeout=2 \
+    node.session.timeo.replacement_timeout=120; do
+    iscsiadm -m node -T "$lab_iscsi_target" -p "$portal2:3260" -I lab-a -o update \
+      -n "${n%%=*}" -v "${n#*=}" >/dev/null || return 1
+  done
+  iscsiadm -m node -T "$lab_iscsi_target" -p "$portal2:3260" -I lab-a --login >/dev/null
+}
+# second_dev: sets second (/dev/sdX) and second_hctl once A's session through portal2 has its disk.
+second_dev() {
+  local s c b
+  for s in /sys/class/iscsi_session/session*; do
+    [[ $(cat "$s/initiatorname") == "$(lab_iscsi_initiator 1)" ]] || continue
+    for c in "$s"/device/connection*/iscsi_connection/connection*; do
+      [[ $(cat "$c/persistent_address" 2>/dev/null) == "$portal2" ]] || continue 2
+    done
+    for b in "$s"/device/target*/*/block/*; do
+      [[ -e $b ]] || continue
+      second=/dev/${b##*/}
+      second_hctl=$(basename "$(dirname "$(dirname "$b")")")
+      return 0
+    done
+  done
+  return 1
+}
+# block_portal2: nftables drops every packet to and from portal2 (the session hangs: nothing tells
+# the host, which finds out when its NOP-Outs time out, and cannot log in again meanwhile).
+block_portal2() {
+  nft -f - <<NFT
+table inet bf_rekey {
+  chain input {
+    type filter hook input priority 0; policy accept;
+    ip daddr $portal2 tcp dport 3260 drop
+    ip saddr $portal2 tcp sport 3260 drop
+  }
+}
+NFT
+}
+device_state() { [[ $(cat "/sys/class/scsi_device/$1/device/state" 2>/dev/null) == "$2" ]]; }
+# writes_unstarted DEV HCTL: the writers' writes wait in DEV's block layer: its device blocked,
+# nothing counted in flight, none at the backend.
+writes_unstarted() {
+  device_state "$2" blocked && [[ $(cat "/sys/block/${1#/dev/}/inflight") == *" 0" ]] && backend_has 0
+}
+status_says() {
+  local status
+  status=$(bf_ctl A status db 2>/dev/null) && [[ $status == *"$1"* ]]
 }
 
 step "the delayed LU is built (dm-delay, writes held ${delay_ms} ms)" make_lu
@@ -680,7 +841,8 @@ for c in "${cases[@]}"; do
     daemon | daemon-mutant) run_daemon_case "$c" "$first" ;;
     takeover | takeover-preempt | promote | promote-preempt) run_takeover_case "$c" "$first" ;;
     queued | queued-mutant) run_queued_case "$c" "$first" ;;
-    *) lab_not_ok "unknown case '$c' (control, drain, daemon, daemon-mutant, takeover, takeover-preempt, promote, promote-preempt, queued, queued-mutant, notas)" ;;
+    recovery | recovery-mutant) run_recovery_case "$c" "$first" ;;
+    *) lab_not_ok "unknown case '$c' (control, drain, daemon, daemon-mutant, takeover, takeover-preempt, promote, promote-preempt, queued, queued-mutant, recovery, recovery-mutant, notas)" ;;
   esac
   first=$((first + 16))
 done
