@@ -319,10 +319,12 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // reads showed K_V current may execute just after P removed K_V. The new nexus then carries K_V,
 // and under a Registrants Only type V's writer can write through it until V learns of the fence.
 // W is excused when (a) it came through a nexus X of V that a REGISTER from X with K_V registered
-// after P and before W, and (b) V's writer issued it before V could know: before the end of V's
-// first round of reads submitted after P, all back, that shows K_V gone (as S2's reveal reads it),
-// and before V's gate closed after P. A write issued later, or through a nexus registered before
-// P, is a violation.
+// after P and before W, (b) V sent that REGISTER, and V's writer issued W, before V could know:
+// before the end of V's first round of reads submitted after P, all back, that shows K_V gone (as
+// S2's reveal reads it), and before V's gate closed after P. A write issued later, through a nexus
+// registered before P, or through one that V registered again once it could know (an unfence or
+// acquire after the fence: its REGISTER waits for V's writes in flight, docs/protocol.md, "Writes
+// queued in the initiator"), is a violation.
 //
 // Shared mode (docs/protocol.md, "Shared mode"): every key has epoch 0, so no epoch outranks
 // another and only the token rule names a fence: P is another node's PREEMPT or PREEMPT AND ABORT
@@ -330,18 +332,21 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // registration of an unfence still running at P is a racer's, as above: that unfence, an order
 // the cluster manager gave before the fence, may register again and succeed.) Every write of V
 // carries epoch 0, so every write of V that lands on L after P is a violation, unless V's driver
-// called unfence() in [P.at, W.at) (an explicit unfence ends the fence: V registers K_V again and
-// may write), or the late new-path registration above excuses it, or L had no reservation when W
-// landed: a member that held it and released (RELEASE, or its unregistration) left L unreserved
-// until another member's monitor reserves it again, and without a reservation every nexus may
-// write (SPC-4 5.13.1), the window docs/protocol.md ("Release") accepts in shared mode as
-// fence_scsi does.
+// called unfence() after P.at and before V's writer issued W (an explicit unfence ends the fence:
+// V registers K_V again and may write; a write issued before it is a stale one, which the
+// unfence's REGISTER must not let land: it waits for V's writes in flight, docs/protocol.md,
+// "Writes queued in the initiator"), or the late new-path registration above excuses it, or L had
+// no reservation when W landed: a member that held it and released (RELEASE, or its unregistration)
+// left L unreserved until another member's monitor reserves it again, and without a reservation
+// every nexus may write (SPC-4 5.13.1), the window docs/protocol.md ("Release") accepts in shared
+// mode as fence_scsi does.
 //
 // Primary mode (shared mode with primary): as in shared mode, the token rule alone names a fence
 // (the keys now have epochs, but a promote whose new key was preempted while it ran fails and stays
 // a member, whose writes then land legitimately): P removed K_V after K_V had opened V's gate since
 // V's last unfence() or promote() call before P.at; typically a promote's PREEMPT of the old
-// primary's key. The same excuses hold: an unfence() or promote() of V in [P.at, W.at), the
+// primary's key. The same excuses hold: an unfence() or promote() of V after P.at and before W was
+// issued, the
 // late new-path registration, an unreserved L when W landed (the LUs are unreserved until the
 // first promote), and a W the target accepted before P while L's holder was no key of V's: LIO
 // marks each command with the holder's key when it accepts it, and PREEMPT AND ABORT aborts the
@@ -377,26 +382,59 @@ bool registered_after(const Run& run, const PrOutRecord& fence, std::uint64_t ke
       });
 }
 
-bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::uint64_t key,
-                               const WriteRecord& write, const WriteIssue& issue) {
-  if (!registered_after(run, fence, key, write)) {
-    return false;
-  }
+// When node could first know that fence removed key: the end of its first round of reads
+// submitted after the fence, all back, that reveals the loss, or its gate closing after the fence,
+// whichever came first (run.end when neither did).
+Time knows_of_the_fence(const Run& run, const PrOutRecord& fence, std::uint64_t key,
+                        std::uint16_t node) {
   Time knows = run.end;
-  for (const Round& round : rounds_of(run, issue.node)) {
+  for (const Round& round : rounds_of(run, node)) {
     if (round.reads.front()->submitted >= fence.at && round.ended() &&
         round.reveals_loss(key, shared(run) && !opened_as_primary(run, key)) != nullptr) {
       knows = std::min(knows, round.last().completed_at);
     }
   }
   for (const Entry& entry : run.trace) {
-    if (entry.node == issue.node && entry.kind == EntryKind::kGate && !entry.open &&
+    if (entry.node == node && entry.kind == EntryKind::kGate && !entry.open &&
         entry.at >= fence.at) {
       knows = std::min(knows, entry.at);
       break;
     }
   }
-  return issue.issued < knows;
+  return knows;
+}
+
+bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::uint64_t key,
+                               const WriteRecord& write, const WriteIssue& issue) {
+  if (!registered_after(run, fence, key, write)) {
+    return false;
+  }
+  const Time knows = knows_of_the_fence(run, fence, key, issue.node);
+  if (issue.issued >= knows) {
+    return false;
+  }
+  // The REGISTER must be the race SPC-4 forces, sent while V's reads still showed K_V: one that V
+  // sent once it could know (an unfence, an acquire, a rejoin) is its own decision, and a write of
+  // V's from before must not land through it (docs/protocol.md, "Writes queued in the initiator").
+  return std::any_of(
+      run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
+        const bool registration =
+            record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
+            record.service_action ==
+                static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+        if (!registration || record.outcome.status != 0 || record.sa_key != key ||
+            record.lu != write.lu || record.nexus != write.nexus ||
+            record.sequence <= fence.sequence || record.sequence >= write.sequence) {
+          return false;
+        }
+        return std::any_of(run.commands.begin(), run.commands.end(), [&](const Command& command) {
+          return command.node == issue.node && command.registers() && command.sa_key == key &&
+                 command.lu == record.lu && command.nexus == record.nexus &&
+                 command.submitted <= record.at &&
+                 (!command.completed || record.at <= command.completed_at) &&
+                 command.submitted < knows;
+        });
+      });
 }
 
 // Shared mode: whether the node's driver called unfence() at some moment in [from, to).
@@ -577,7 +615,7 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
       if (this_nexus && removal->record->sequence < write.sequence &&
           issue->second.epoch() <= epoch_of_key(removal->key) &&
           !(shared(run) &&
-            (unfenced_between(run, issue->second.node, removal->record->at, write.at) ||
+            (unfenced_between(run, issue->second.node, removal->record->at, issue->second.issued) ||
              !replayed.holder_at(write.lu, write.sequence) ||
              (run.primary && write.accepted_at < removal->record->at &&
               marked_beyond_the_abort(run, replayed, write, issue->second.node, removal->key)))) &&

@@ -111,6 +111,8 @@
 // checker (the failures listed; every other test passed each time; "Shared." is CheckerShared.):
 //   S1, an unfence after the fence ends it:
 //       Shared.AWriteLandingAfterTheFencedNodesExplicitUnfenceIsNoViolation,
+//       Shared.AWriteOfBeforeTheFenceLandingAfterTheFencedNodesUnfenceViolatesS1 (with the landing
+//       in place of the issue),
 //       Shared.APreemptOfAnUnfenceStillRunningFencesNothing
 //   S1, the unreserved LU's window:
 //       Shared.AWriteLandingWhileTheLuHasNoReservationIsTheAcceptedWindow
@@ -2224,6 +2226,16 @@ TEST(CheckerShared, AWriteLandingAfterTheFencedNodesExplicitUnfenceIsNoViolation
   h.issue_write(20, 1, 0, 350ms);
   h.land_write(20, 351ms);
   EXPECT_TRUE(fires(h, {}));
+}
+
+// The unfence ends the fence for what the node writes after it, not for a write of before: write
+// 10, issued before the fence, still on its way, lands after the unfence's REGISTER made the nexus
+// registered again (docs/protocol.md, "Writes queued in the initiator").
+TEST(CheckerShared, AWriteOfBeforeTheFenceLandingAfterTheFencedNodesUnfenceViolatesS1) {
+  History h = shared_fence(false);
+  unfence(h, 1, 300ms);
+  h.land_write(10, 351ms);
+  EXPECT_TRUE(fires(h, {"S1"}, "a write of node 1 stamped epoch 0 landed on LU 0 after node 2"));
 }
 
 TEST(CheckerShared, AGateOpenAfterARoundsReadKeysShowedTheKeyGoneViolatesS2) {
