@@ -69,8 +69,9 @@ struct DaemonEnv {
   // The epoch store in state_dir; the daemon calls it through a BoundedEpochStore
   // (epoch_worker.h).
   std::function<std::unique_ptr<fence::EpochStore>(const std::string& state_dir)> epochs;
-  // The writes this host has in flight on a LU (pr::writes_in_flight on /sys): a re-key of the
-  // node's own holding nexus waits for none (docs/protocol.md, "Re-keying a holding nexus").
+  // The writes this host has in flight on a LU (pr::writes_in_flight on /sys): a REGISTER of a
+  // node that may have been fenced, and a re-key of its own holding nexus, wait for none
+  // (docs/protocol.md, "Writes queued in the initiator", "Re-keying a holding nexus").
   std::function<Result<std::uint64_t>(const pr::LogicalUnit& lu)> writes_in_flight;
   // Whether a path opened (again) reaches its LU (pr::check_identity on /sys); unset, nothing is
   // checked (pr::Engine::check_identity_with()).

@@ -428,10 +428,13 @@ bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::ui
           return false;
         }
         return std::any_of(run.commands.begin(), run.commands.end(), [&](const Command& command) {
+          // The attempt that executed: still outstanding then, or without an answer (one that
+          // timed out may execute late).
           return command.node == issue.node && command.registers() && command.sa_key == key &&
                  command.lu == record.lu && command.nexus == record.nexus &&
                  command.submitted <= record.at &&
-                 (!command.completed || record.at <= command.completed_at) &&
+                 (!command.completed || record.at <= command.completed_at ||
+                  command.outcome == transport::Outcome::kIndeterminate) &&
                  command.submitted < knows;
         });
       });

@@ -364,19 +364,22 @@ std::vector<pr::Request> Resource::register_everywhere(Key key) const {
 // came by: docs/reference/lio.md §6.)
 void Resource::drain_before_register(const Reads& reads, Key key, Time now,
                                      std::function<void(const std::string&, Time)> then) {
+  // The key the node's writes in flight were issued under is the one its gate last opened with.
+  // When the reads show it on every LU, the node was not fenced: what it wrote goes out through
+  // nexuses that stay registered (a member that lost contact and promotes, its replica still
+  // writing its own LU; a holder that lost contact and acquires again, below).
+  bool not_fenced = gate_key_.has_value();
+  for (std::size_t i = 0; i < options_.lus.size() && not_fenced; ++i) {
+    const auto& keys = reads.lus[i].keys;
+    not_fenced =
+        keys && std::find(keys->keys.begin(), keys->keys.end(), *gate_key_) != keys->keys.end();
+  }
   // Nothing the host held back while the node was fenced may go out through the nexus this
   // REGISTER makes registered again. The queues are stopped now, so that the writes they held
   // fail and the count below sees what is left, and again right before the REGISTER (multipathd
   // may turn queueing back on at any path event). Left alone only for a member whose gate is open
-  // and whose key the reads show on every LU (a promote): what it queued goes out through a nexus
-  // that stays registered.
-  bool registered_everywhere = gate_open_;
-  for (std::size_t i = 0; i < options_.lus.size() && registered_everywhere; ++i) {
-    const auto& keys = reads.lus[i].keys;
-    registered_everywhere = keys && std::any_of(keys->keys.begin(), keys->keys.end(),
-                                                [this](std::uint64_t k) { return ours(k); });
-  }
-  if (!registered_everywhere && !mutant::kKeepHostQueues) {
+  // and whose key the reads show on every LU (a promote).
+  if (!(gate_open_ && not_fenced) && !mutant::kKeepHostQueues) {
     const auto not_stopped = [](const std::string& failed) {
       return "the host's queues of writes could not be stopped (" + failed +
              "): nothing is registered while one may hold a write from before";
@@ -390,45 +393,50 @@ void Resource::drain_before_register(const Reads& reads, Key key, Time now,
       then(failed.empty() ? draining : not_stopped(failed), at);
     };
   }
-  // Every LU while the gate is closed; with it open (a promote), those an older key of ours holds.
-  std::vector<Draining> lus;
+  // Every LU unless the node was not fenced; then those an older key of ours holds (a re-key).
+  Draining drain{.watched = std::vector<bool>(options_.lus.size(), false),
+                 .busy = std::vector<bool>(options_.lus.size(), false)};
+  bool wait = false;
   for (std::size_t i = 0; i < options_.lus.size(); ++i) {
     const auto holder = reads.holder(i);
-    const bool rekeyed = holder && ours(*holder) && *holder != key.value();
-    if ((rekeyed || !registered_everywhere) && !mutant::kRekeyWithoutDrain) {
-      lus.push_back(Draining{.lu = i, .busy = false});
-    }
+    drain.watched[i] = !not_fenced || (holder && ours(*holder) && *holder != key.value());
+    wait = wait || drain.watched[i];
   }
-  if (lus.empty()) {
+  if (!wait || mutant::kRekeyWithoutDrain) {
     then({}, now);
     return;
   }
-  drain_look(lus, now + options_.drain_wait, now, std::move(then));
+  drain_look(drain, now + options_.drain_wait, now, std::move(then));
 }
 
-// A LU is drained at a look that finds no write in flight and no path holding writes back, unless
-// the look before found some: then at the next look too. A blocked device's queue is started
-// again after its state reads "running", and a request the error handler retries waits in a
-// requeue list for a moment, counted nowhere: one more look a check_interval later counts them.
-void Resource::drain_look(const std::vector<Draining>& lus, Time deadline, Time now,
+// Every watched LU is looked at, at every look: the REGISTER goes out on them all at once, so a
+// LU found clean early could have writes again by the time another one is. The wait ends at a look
+// that finds no write in flight and no path holding writes back on any of them, and none busy at
+// the look before: a blocked device's queue is started again after its state reads "running", and
+// a request the error handler retries waits in a requeue list for a moment, counted nowhere, so
+// one more look a check_interval later counts them.
+void Resource::drain_look(const Draining& drain, Time deadline, Time now,
                           std::function<void(const std::string&, Time)> then) {
   std::string left;
-  std::vector<Draining> next_lus;
-  for (const Draining& d : lus) {
-    const auto writes = options_.writes_in_flight
-                            ? options_.writes_in_flight(options_.lus[d.lu])
-                            : fail(ErrorCode::kNotSupported, "cannot count the writes in flight");
-    const bool clean = writes && *writes == 0;
-    if (clean && !d.busy) {
+  Draining next{.watched = drain.watched, .busy = std::vector<bool>(options_.lus.size(), false)};
+  for (std::size_t i = 0; i < options_.lus.size(); ++i) {
+    if (!drain.watched[i]) {
       continue;
     }
-    next_lus.push_back(Draining{.lu = d.lu, .busy = !clean});
-    left += (left.empty() ? "" : ", ") + options_.lus[d.lu].name + ": " +
+    const auto writes = options_.writes_in_flight
+                            ? options_.writes_in_flight(options_.lus[i])
+                            : fail(ErrorCode::kNotSupported, "cannot count the writes in flight");
+    const bool clean = writes && *writes == 0;
+    next.busy[i] = !clean;
+    if (clean && !drain.busy[i]) {
+      continue;
+    }
+    left += (left.empty() ? "" : ", ") + options_.lus[i].name + ": " +
             (clean    ? std::string("none now, looking once more")
              : writes ? std::to_string(*writes) + " write(s) in flight"
                       : writes.error().message());
   }
-  if (next_lus.empty()) {
+  if (left.empty()) {
     then({}, now);
     return;
   }
@@ -442,9 +450,11 @@ void Resource::drain_look(const std::vector<Draining>& lus, Time deadline, Time 
     return;
   }
   detail_ = "waiting for this node's earlier writes to finish before registering (" + left + ")";
-  const Time next = std::min(deadline, now + options_.check_interval);
-  draining_.emplace(next, [this, lus = std::move(next_lus), deadline, then = std::move(then)](
-                              Time at) mutable { drain_look(lus, deadline, at, std::move(then)); });
+  const Time at_next = std::min(deadline, now + options_.check_interval);
+  draining_.emplace(
+      at_next, [this, next = std::move(next), deadline, then = std::move(then)](Time at) mutable {
+        drain_look(next, deadline, at, std::move(then));
+      });
 }
 
 void Resource::begin(Op op, Done done) {
@@ -514,6 +524,9 @@ std::string Resource::set_host_queueing(bool queue) {
 }
 
 void Resource::set_gate(bool open, Time verified_since) {
+  if (open && key_) {
+    gate_key_ = key_->value();  // also when it stays open (a member's gate through its promote)
+  }
   if (gate_open_ == open) {
     return;
   }

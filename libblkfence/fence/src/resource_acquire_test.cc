@@ -249,9 +249,13 @@ INSTANTIATE_TEST_SUITE_P(OneOrTwoPaths, RekeyTest, ::testing::Values(1U, 2U),
 // restarts just after its state reads "running"). Meanwhile the status says what it waits for.
 TEST_F(ResourceTest, AFencedNodeRegistersAgainOnlyOnceItsEarlierWritesAreDone) {
   Result<std::uint64_t> lu0 = 0;
+  std::uint64_t lu1 = 0;
   int looks = 0;
   ResourceOptions options = a->options();
   options.writes_in_flight = [&](const pr::LogicalUnit& lu) -> Result<std::uint64_t> {
+    if (lu.name == "lu1") {
+      return lu1;
+    }
     if (lu.name != "lu0") {
       return 0;
     }
@@ -288,8 +292,13 @@ TEST_F(ResourceTest, AFencedNodeRegistersAgainOnlyOnceItsEarlierWritesAreDone) {
       << a->resource->detail();
   EXPECT_FALSE(registered());
 
+  // A LU clean so far that has writes again holds the REGISTER back as well.
+  lu1 = 1;
   lu0 = 0;
-  ASSERT_TRUE(run_until([&] { return detail_says("lu0: none now, looking once more"); }))
+  ASSERT_TRUE(run_until([&] { return detail_says("lu1: 1 write(s) in flight"); }))
+      << a->resource->detail();
+  lu1 = 0;
+  ASSERT_TRUE(run_until([&] { return detail_says("lu1: none now, looking once more"); }))
       << a->resource->detail();
   EXPECT_FALSE(registered()) << "registered at the first clean look after a busy one";
   const int looks_clean = looks;

@@ -169,6 +169,42 @@ TEST_F(PrimaryTest, APromotingMemberKeepsItsQueuesAndAFencedPrimaryStopsThemToRe
   EXPECT_TRUE(a_told.back()) << "given back once A's gate opened";
 }
 
+// docs/protocol.md, "Writes queued in the initiator": a member whose gate closed on lost contact
+// but whose key the promote's reads show on every LU was not fenced: its writes (a replica writing
+// its own LU all along) go through nexuses that stay registered, and its promote does not wait for
+// them. Once fenced, its rejoin waits for them before it registers.
+TEST_F(PrimaryTest, AMemberThatLostContactButWasNotFencedPromotesWithoutWaitingForItsWrites) {
+  ResourceOptions for_a = primary(*a);
+  std::uint64_t a_writes = 0;
+  for_a.writes_in_flight = [&a_writes](const pr::LogicalUnit&) -> Result<std::uint64_t> {
+    return a_writes;
+  };
+  ASSERT_NO_FATAL_FAILURE(boot_members(std::move(for_a), primary(*b)));
+  a_writes = 3;
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kNoAnswer);
+  }
+  ASSERT_TRUE(run_until([&] { return !a->resource->gate_open(); }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    a->transport->set_link(static_cast<LuId>(lu), LinkState::kUp);
+  }
+  const Key first = promoted(*a);
+  EXPECT_EQ(a->resource->state(), State::kHeld) << a->resource->detail();
+
+  const Key second = promoted(*b);
+  ASSERT_TRUE(run_until([&] { return a->resource->state() == State::kFenced; }));
+  Outcome* rejoined = a->unfence();
+  ASSERT_TRUE(run_until([&] {
+    return a->resource->detail().find("3 write(s) in flight") != std::string::npos;
+  })) << a->resource->detail();
+  EXPECT_FALSE(rejoined->done());
+  a_writes = 0;
+  ASSERT_TRUE(run_until([rejoined] { return rejoined->done(); }));
+  ASSERT_TRUE(rejoined->result->has_value()) << rejoined->result->error().message();
+  EXPECT_GT((**rejoined->result).epoch(), second.epoch());
+  EXPECT_GT(second.epoch(), first.epoch());
+}
+
 // The primary's release keeps its key holding every LU (gate closed), so the LUs are never left
 // unreserved and its epoch stays on them: the next promote draws above it and preempts it.
 TEST_F(PrimaryTest, ThePrimarysReleaseKeepsTheReservation) {

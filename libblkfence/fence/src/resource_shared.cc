@@ -78,15 +78,16 @@ void Resource::unfence_register(Time now) {
         return;
       }
     }
-    key_ = key;
-    // A primary rejoining as a member re-keys the nexus that holds: its writes under the older key
-    // must have finished first (shared mode's epoch-0 key never holds with another value).
+    // docs/protocol.md, "Writes queued in the initiator": a fenced member's earlier writes, and a
+    // primary rejoining as a member re-keying the nexus that holds, must have finished first. The
+    // key becomes the node's only once it goes out: a wait that fails leaves the older one.
     drain_before_register(reads, key, read_at, [this, key](const std::string& draining, Time from) {
       if (!draining.empty()) {
         set_state(State::kReleased, "unfence failed: " + draining);
         end(fail(ErrorCode::kIndeterminate, "unfence of " + options_.name + ": " + draining), from);
         return;
       }
+      key_ = key;
       set_state(State::kUnfencing, "registering " + key.to_string());
       std::vector<pr::Request> requests = register_everywhere(key);
       run(std::move(requests), from,

@@ -342,6 +342,12 @@ Result<std::uint64_t> writes_in_flight(const LogicalUnit& lu, const DiscoveryEnv
                   "I/O accounting is off, so the writes in flight cannot be counted: " +
                       (block / name / "queue/iostats").string() + " is 0 (write 1 to it)");
     }
+    // A suspended device-mapper map (multipathd reloading its table, an LVM change) holds what
+    // comes to it unstarted, where its inflight does not count it.
+    if (read_text(block / name / "dm/suspended") == "1") {
+      return tl::unexpected(Error::os(
+          EBUSY, "/dev/" + name + " may hold writes that no count shows: it is suspended"));
+    }
     total += *writes;
     for (std::string& holder : list_dir(block / name / "holders")) {
       pending.push_back(std::move(holder));

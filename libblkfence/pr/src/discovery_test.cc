@@ -277,6 +277,20 @@ TEST_F(FakeSysfs, WritesInFlightAreUnknownWhileAPathHoldsCommandsBack) {
       << recovering.error().message();
   set_host_state("host0", "running");
   EXPECT_EQ(writes_in_flight((*lus)[0], env_).value_or(99), 0U);
+
+  // A suspended device-mapper map on the paths holds what comes to it unstarted too.
+  stack("dm-0", {"sda", "sdb"}, 0);
+  std::ofstream(root_ / "sys/class/block/dm-0/inflight") << "       0        0\n";
+  std::ofstream(root_ / "sys/class/block/dm-0/dm/suspended") << "1\n";
+  const auto suspended = writes_in_flight((*lus)[0], env_);
+  ASSERT_FALSE(suspended.has_value());
+  EXPECT_EQ(suspended.error().errno_value(), EBUSY);
+  EXPECT_NE(suspended.error().message().find("/dev/dm-0 may hold writes that no count shows: it "
+                                             "is suspended"),
+            std::string::npos)
+      << suspended.error().message();
+  std::ofstream(root_ / "sys/class/block/dm-0/dm/suspended") << "0\n";
+  EXPECT_EQ(writes_in_flight((*lus)[0], env_).value_or(99), 0U);
 }
 
 // What a path's fd reaches is checked by its device number: sg and sd of the LU pass; once the LU's

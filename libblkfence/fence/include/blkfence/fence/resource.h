@@ -251,20 +251,21 @@ class Resource {
   // ports of this node are known (a start's and an operation's first read: "Identical keys").
   enum class Keys : std::uint8_t { kNone, kKeys, kKeysAndPorts };
   void read_all(Keys keys, Time now, ReadsDone then);
-  // Before a REGISTER of key: with the gate closed, stops the host's queues on every LU
-  // (host_queueing) and waits until this node has no write in flight and no path holding writes
-  // back on every LU; with it open, waits so on the LUs where reads showed an older key of ours
-  // holding (at most drain_wait); then(error) with an empty error once that is done, else with
-  // what failed or is still in flight.
+  // Before a REGISTER of key: unless the gate is open and the reads show the key it opened with on
+  // every LU, stops the host's queues on every LU (host_queueing). Unless the reads show that key
+  // on every LU (the node was not fenced) and no older key of ours holds a LU, waits until this
+  // node has no write in flight and no path holding writes back on any LU (at most drain_wait).
+  // then(error) with an empty error once that is done, else with what failed or is still in
+  // flight.
   void drain_before_register(const Reads& reads, Key key, Time now,
                              std::function<void(const std::string&, Time)> then);
   // host_queueing(lu, queue) on every LU: what failed, "" when nothing did.
   std::string set_host_queueing(bool queue);
   struct Draining {
-    std::size_t lu;
-    bool busy;  // the last look found writes, or could not count them
+    std::vector<bool> watched;  // the LUs the wait looks at, by index
+    std::vector<bool> busy;     // the last look found writes on the LU, or could not count them
   };
-  void drain_look(const std::vector<Draining>& lus, Time deadline, Time now,
+  void drain_look(const Draining& drain, Time deadline, Time now,
                   std::function<void(const std::string&, Time)> then);
   bool refuse(Mode mode, Time now, Done& done);
   void begin(Op op, Done done);
@@ -386,6 +387,7 @@ class Resource {
   Op op_ = Op::kNone;
   bool probe_done_ = false;
   bool gate_open_ = false;
+  std::optional<std::uint64_t> gate_key_;  // the key the gate last opened with (or stayed open)
   bool cancelled_ = false;  // cancel(): the running operation sends no further taking PR OUT
   bool primary_ = false;    // primary mode: our key is the verified holder (promote, or adopted)
   bool promoting_member_ = false;  // a promote started with the member gate open
