@@ -366,20 +366,31 @@ bool opened_as_primary(const Run& run, std::uint64_t key) {
   });
 }
 
+// The REGISTERs (and REGISTER AND IGNORE EXISTING KEYs) that registered `key` on the write's LU
+// through the write's nexus, executed after the target's sequence `after` and before the write.
+std::vector<const PrOutRecord*> registrations_between(const Run& run, std::uint64_t key,
+                                                      std::uint64_t after,
+                                                      const WriteRecord& write) {
+  std::vector<const PrOutRecord*> found;
+  for (const PrOutRecord& record : run.target->prouts) {
+    const bool registration =
+        record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
+        record.service_action ==
+            static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
+    if (registration && record.outcome.status == 0 && record.sa_key == key &&
+        record.lu == write.lu && record.nexus == write.nexus && record.sequence > after &&
+        record.sequence < write.sequence) {
+      found.push_back(&record);
+    }
+  }
+  return found;
+}
+
 // Whether a REGISTER from the write's nexus registered `key` there after the fence and before the
 // write: the nexus then carries the fenced key although the fence did not remove it.
 bool registered_after(const Run& run, const PrOutRecord& fence, std::uint64_t key,
                       const WriteRecord& write) {
-  return std::any_of(
-      run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
-        const bool registration =
-            record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
-            record.service_action ==
-                static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
-        return registration && record.outcome.status == 0 && record.sa_key == key &&
-               record.lu == write.lu && record.nexus == write.nexus &&
-               record.sequence > fence.sequence && record.sequence < write.sequence;
-      });
+  return !registrations_between(run, key, fence.sequence, write).empty();
 }
 
 // When node could first know that fence removed key: the end of its first round of reads
@@ -406,7 +417,8 @@ Time knows_of_the_fence(const Run& run, const PrOutRecord& fence, std::uint64_t 
 
 bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::uint64_t key,
                                const WriteRecord& write, const WriteIssue& issue) {
-  if (!registered_after(run, fence, key, write)) {
+  const auto registrations = registrations_between(run, key, fence.sequence, write);
+  if (registrations.empty()) {
     return false;
   }
   const Time knows = knows_of_the_fence(run, fence, key, issue.node);
@@ -416,28 +428,18 @@ bool late_registration_excuses(const Run& run, const PrOutRecord& fence, std::ui
   // The REGISTER must be the race SPC-4 forces, sent while V's reads still showed K_V: one that V
   // sent once it could know (an unfence, an acquire, a rejoin) is its own decision, and a write of
   // V's from before must not land through it (docs/protocol.md, "Writes queued in the initiator").
-  return std::any_of(
-      run.target->prouts.begin(), run.target->prouts.end(), [&](const PrOutRecord& record) {
-        const bool registration =
-            record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
-            record.service_action ==
-                static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
-        if (!registration || record.outcome.status != 0 || record.sa_key != key ||
-            record.lu != write.lu || record.nexus != write.nexus ||
-            record.sequence <= fence.sequence || record.sequence >= write.sequence) {
-          return false;
-        }
-        return std::any_of(run.commands.begin(), run.commands.end(), [&](const Command& command) {
-          // The attempt that executed: still outstanding then, or without an answer (one that
-          // timed out may execute late).
-          return command.node == issue.node && command.registers() && command.sa_key == key &&
-                 command.lu == record.lu && command.nexus == record.nexus &&
-                 command.submitted <= record.at &&
-                 (!command.completed || record.at <= command.completed_at ||
-                  command.outcome == transport::Outcome::kIndeterminate) &&
-                 command.submitted < knows;
-        });
-      });
+  return std::any_of(registrations.begin(), registrations.end(), [&](const PrOutRecord* record) {
+    return std::any_of(run.commands.begin(), run.commands.end(), [&](const Command& command) {
+      // The attempt that executed: still outstanding then, or without an answer (one that timed
+      // out may execute late).
+      return command.node == issue.node && command.registers() && command.sa_key == key &&
+             command.lu == record->lu && command.nexus == record->nexus &&
+             command.submitted <= record->at &&
+             (!command.completed || record->at <= command.completed_at ||
+              command.outcome == transport::Outcome::kIndeterminate) &&
+             command.submitted < knows;
+    });
+  });
 }
 
 // Shared mode: whether the node's driver called unfence() at some moment in [from, to).
@@ -522,21 +524,12 @@ bool submitted_by_operation_running_at(const Run& run, const Command& command, T
 bool reacquired_across(const Run& run, const PrOutRecord& fence, const PrOutRecord& power_cycle,
                        std::uint64_t key, const WriteRecord& write) {
   const std::uint16_t node = node_of(run, write.nexus);
-  for (const PrOutRecord& record : run.target->prouts) {
-    const bool registration =
-        record.service_action == static_cast<std::uint8_t>(PrOutAction::kRegister) ||
-        record.service_action ==
-            static_cast<std::uint8_t>(PrOutAction::kRegisterAndIgnoreExistingKey);
-    if (!registration || record.outcome.status != 0 || record.sa_key != key ||
-        record.lu != write.lu || record.nexus != write.nexus ||
-        record.sequence <= power_cycle.sequence || record.sequence >= write.sequence) {
-      continue;
-    }
+  for (const PrOutRecord* record : registrations_between(run, key, power_cycle.sequence, write)) {
     for (const Command& command : run.commands) {
       if (command.node == node && command.registers() && command.sa_key == key &&
-          command.lu == record.lu && command.nexus == record.nexus &&
-          command.submitted <= record.at &&
-          (!command.completed || record.at <= command.completed_at) &&
+          command.lu == record->lu && command.nexus == record->nexus &&
+          command.submitted <= record->at &&
+          (!command.completed || record->at <= command.completed_at) &&
           submitted_by_operation_running_at(run, command, fence.at)) {
         return true;
       }
