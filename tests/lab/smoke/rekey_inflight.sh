@@ -110,6 +110,7 @@ cleanup() {
   [[ -d $tpg ]] && { echo 0 >"$tpg/enable"; rmdir "$tpg"; } 2>/dev/null
   rmdir "$backstore" 2>/dev/null
   dmsetup remove --noudevsync "$mp_name" >/dev/null 2>&1
+  dmsetup resume "$dm_name" >/dev/null 2>&1
   dmsetup remove --noudevsync "$dm_name" >/dev/null 2>&1
   [[ -n $loopdev ]] && losetup -d "$loopdev" 2>/dev/null
   rm -rf "$img" "$work"
@@ -196,7 +197,10 @@ await() {
 writers_ended() { local w; for ((w = 0; w < writers; w++)); do [[ -f $work/$1.end.$w ]] || return 1; done; }
 # a_writes_done DEV: the kernel counts no write in flight on DEV (/sys/block/NAME/inflight: reads,
 # writes).
-a_writes_done() { local w; read -r _ w <"/sys/block/${1#/dev/}/inflight" && ((w == 0)); }
+a_writes_done() { [[ $(a_writes "$1") == 0 ]]; }
+# a_writes DEV: the writes the kernel counts in flight on DEV; a_writes_sent DEV COUNT: COUNT are.
+a_writes() { local w; read -r _ w <"/sys/block/${1#/dev/}/inflight" && echo "$w"; }
+a_writes_sent() { [[ $(a_writes "$1") == "$2" ]]; }
 
 # At the backend (the dm-delay device): the writes it is holding (its status: "START LEN delay
 # READS WRITES FLUSHES" held; 6.1's bio-based dm counts nothing in /sys/block/dm-N/inflight), and
@@ -324,11 +328,9 @@ kernel_log() {
   }'
 }
 
-# start_writers CASE FIRST DEV [queued|started]: A's writers, one write of one block each from
-# FIRST on, each leaving its exit status and end time in $work/CASE.end.W; returns once all are in
-# flight at the backend, with queued once all wait in DEV's map and none reached the backend (fails,
-# saying so, when they do not), with started at once.
-start_writers() {
+# launch_writers CASE FIRST DEV: A's writers, one write of one block each from FIRST on, each
+# leaving its exit status and end time in $work/CASE.end.W.
+launch_writers() {
   local case=$1 first=$2 a=$3 w
   writer_pids=()
   for ((w = 0; w < writers; w++)); do
@@ -338,8 +340,18 @@ start_writers() {
     ) &
     writer_pids+=($!)
   done
-  [[ ${4:-} == started ]] && return 0
+}
+# start_writers CASE FIRST DEV [queued|started]: launch_writers; returns once all are in flight at
+# the backend, with queued once all wait in DEV's map and none reached the backend (fails, saying
+# so, when they do not), with started at once.
+start_writers() {
+  local case=$1 first=$2 a=$3 from sent=yes
+  if [[ ${4:-} == started ]]; then
+    launch_writers "$case" "$first" "$a"
+    return 0
+  fi
   if [[ ${4:-} == queued ]]; then
+    launch_writers "$case" "$first" "$a"
     if ! await 200 writes_queued "$a" "$writers" || ! backend_has 0; then
       lab_not_ok "$case: A's $writers writes wait in the map: $(backend_inflight) at the backend; $(writers_seen "$a")"
       return 1
@@ -347,8 +359,20 @@ start_writers() {
     say "$case: A's $writers writes wait in the map, none at the backend"
     return 0
   fi
-  if ! await 200 backend_has "$writers"; then
-    lab_not_ok "$case: A's $writers writes in flight at the backend: $(backend_inflight) are"
+  # The backend's map stays suspended until A's initiator has sent all the writes, so that they
+  # reach the delay together however long each writer takes to start (a loaded host spreads the
+  # starts over seconds under TCG), and each is held DELAY_MS from the resume on. Meanwhile they
+  # wait in LIO, accepted and stamped with the key that held as they arrived.
+  from=$(dmesg | wc -l)
+  dmsetup suspend --nolockfs "$dm_name" || { lab_not_ok "$case: suspending the backend's map failed"; return 1; }
+  launch_writers "$case" "$first" "$a"
+  await 400 a_writes_sent "$a" "$writers" || sent=no
+  dmsetup resume "$dm_name" || { lab_not_ok "$case: resuming the backend's map failed"; return 1; }
+  if [[ $sent == no ]] || ! await 200 backend_has "$writers"; then
+    lab_not_ok "$case: A's $writers writes in flight at the backend: $(backend_inflight) are (A's initiator sent them all: $sent); $(writers_seen "$a")"
+    printf '  session %s\n' "$(grep -H . /sys/class/iscsi_session/session*/state 2>/dev/null | tr '\n' ' ')"
+    printf '  %s: device state %s\n' "$a" "$(cat "/sys/block/${a#/dev/}/device/state" 2>/dev/null)"
+    kernel_log "$from"
     return 1
   fi
   say "$case: A's $writers writes in flight at the backend"
