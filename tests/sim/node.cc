@@ -130,9 +130,12 @@ Node::Node(World& world, std::uint16_t id, const std::vector<std::size_t>& paths
                .latency_min = config.latency_min,
                .latency_max = config.latency_max,
                .deadline_grace = milliseconds(0),
-               .fault = [&world, writer_faults](const transport::FaultContext& context) {
-                 return world.faults_on() ? writer_faults(context) : transport::Fault{};
-               }});
+               .fault =
+                   [&world, writer_faults](const transport::FaultContext& context) {
+                     return world.faults_on() ? writer_faults(context) : transport::Fault{};
+                   },
+               .host_queues = host_queues_,
+               .queue_at_head = false});
   BLKFENCE_ASSERT(made.has_value());
   writer_transport_ = std::move(*made);
   for (const auto& devices : writer_devices_) {
@@ -180,6 +183,15 @@ fence::ResourceOptions Node::options() const {
                      [&unit](const pr::LogicalUnit& l) { return l.wwn == unit.wwn; }) -
         lus_.begin());
     BLKFENCE_ASSERT(lu < lus_.size());
+    // A path in recovery holds writes back where nothing counts them (pr::writes_in_flight()
+    // reads the SCSI device's state for it).
+    for (const std::size_t p : present_[lu]) {
+      if (host_queues_->held(nexuses_[lu][p])) {
+        return tl::unexpected(Error::os(
+            EBUSY, writer_devices_[lu][p] + " may hold writes that no count shows: nexus " +
+                       std::to_string(nexuses_[lu][p]) + " is in recovery"));
+      }
+    }
     std::uint64_t writes = writer_unreaped_[lu];
     for (const NexusId nexus : nexuses_[lu]) {
       writes += world_.target().held_count(static_cast<LuId>(lu), nexus);
@@ -203,17 +215,20 @@ void Node::boot() {
        .latency_min = config.latency_min,
        .latency_max = config.latency_max,
        .deadline_grace = milliseconds(0),
-       .fault = [&world, faults, duplicate_interval_max](const transport::FaultContext& context) {
-         if (!world.faults_on()) {
-           return transport::Fault{};
-         }
-         transport::Fault fault = faults(context);
-         // A retransmitted copy arrives before the first copy's answer gets back: the command
-         // executed twice before anyone heard of it (a copy arriving much later is a late
-         // execution, which execute_late covers with the deadline semantics it needs).
-         fault.duplicate_interval = std::min(fault.duplicate_interval, duplicate_interval_max);
-         return fault;
-       }});
+       .fault =
+           [&world, faults, duplicate_interval_max](const transport::FaultContext& context) {
+             if (!world.faults_on()) {
+               return transport::Fault{};
+             }
+             transport::Fault fault = faults(context);
+             // A retransmitted copy arrives before the first copy's answer gets back: the command
+             // executed twice before anyone heard of it (a copy arriving much later is a late
+             // execution, which execute_late covers with the deadline semantics it needs).
+             fault.duplicate_interval = std::min(fault.duplicate_interval, duplicate_interval_max);
+             return fault;
+           },
+       .host_queues = host_queues_,
+       .queue_at_head = true});
   BLKFENCE_ASSERT(made.has_value());
   for (const auto& [lu, state] : links_) {
     (*made)->set_link(lu, state);
@@ -477,6 +492,37 @@ void Node::links_up() {
   world_.trace(id_, EntryKind::kLink).detail = "every link up";
 }
 
+void Node::recover(std::size_t lu, Rng& rng, Time until, bool recovered) {
+  const std::size_t p = present_[lu][rng.below(present_[lu].size())];
+  const NexusId nexus = nexuses_[lu][p];
+  if (recoveries_.contains(nexus)) {
+    return;
+  }
+  host_queues_->hold(nexus);
+  recoveries_[nexus] = Recovery{.until = until, .recovered = recovered};
+  world_.trace(id_, EntryKind::kLink).detail =
+      "nexus " + std::to_string(nexus) + " of LU " + std::to_string(lu) + " in recovery until " +
+      format_time(until) + (recovered ? ", then back" : ", then torn down");
+}
+
+void Node::recoveries_end(bool all) {
+  const Time now = world_.now();
+  for (auto it = recoveries_.begin(); it != recoveries_.end();) {
+    if (!all && it->second.until > now) {
+      ++it;
+      continue;
+    }
+    const NexusId nexus = it->first;
+    const bool recovered = all || it->second.recovered;
+    it = recoveries_.erase(it);
+    world_.trace(id_, EntryKind::kLink).detail =
+        "nexus " + std::to_string(nexus) + (recovered ? " back: " : " torn down: ") +
+        std::to_string(host_queues_->waiting(nexus)) +
+        (recovered ? " waiting commands go out" : " waiting commands fail unsent");
+    host_queues_->release(nexus, recovered);
+  }
+}
+
 void Node::hotplug(std::size_t lu, bool add, Rng& rng) {
   std::vector<std::size_t>& present = present_[lu];
   if (add) {
@@ -520,6 +566,7 @@ void Node::timers() {
   if (links_until_ && *links_until_ <= now) {
     links_up();
   }
+  recoveries_end(false);
 }
 
 std::optional<Time> Node::timer_wake() const {
@@ -527,6 +574,11 @@ std::optional<Time> Node::timer_wake() const {
   for (const auto& t : {paused_until_, boot_at_, links_until_}) {
     if (t && (!wake || *t < *wake)) {
       wake = t;
+    }
+  }
+  for (const auto& [nexus, recovery] : recoveries_) {
+    if (!wake || recovery.until < *wake) {
+      wake = recovery.until;
     }
   }
   return wake;

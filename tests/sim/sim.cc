@@ -51,6 +51,9 @@ std::string replay_command(const Cli& cli, std::uint64_t seed) {
   if (cli.hotplug) {
     text += " --hotplug";
   }
+  if (cli.recovery) {
+    text += " --recovery";
+  }
   if (cli.shared) {
     text += " --shared";
   }
@@ -70,13 +73,13 @@ void print_config(const World& world) {
   const Config& c = world.config();
   std::printf("seed %" PRIu64
               ": %zu nodes, %zu LUs, %s, check_interval %s, lease %s, timeout %s,"
-              " horizon %s%s%s%s\n",
+              " horizon %s%s%s%s%s\n",
               world.record().seed, c.nodes, c.lus,
               c.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT",
               format_time(c.check_interval).c_str(), format_time(c.lease).c_str(),
               format_time(c.command_timeout).c_str(), format_time(c.horizon).c_str(),
-              c.hotplug ? ", paths come and go" : "", c.shared ? ", shared mode" : "",
-              c.primary ? ", primary mode" : "");
+              c.hotplug ? ", paths come and go" : "", c.recovery ? ", paths in recovery" : "",
+              c.shared ? ", shared mode" : "", c.primary ? ", primary mode" : "");
   for (std::size_t n = 0; n < c.nodes; ++n) {
     std::printf("  node %zu: nexuses", n + 1);
     for (std::size_t lu = 0; lu < c.lus; ++lu) {
@@ -149,8 +152,8 @@ int usage(const char* program) {
       stderr,
       "usage: %s [--seed N | --seeds COUNT [--first S]] [--nodes 2|3] [--lus 1..4]\n"
       "          [--verbose] [--expect-violation S1|...|S5|C1|L1|R1[,...]] [--strict-epochs]\n"
-      "          [--min-activity] [--random-seeds COUNT] [--hotplug] [--shared] [--primary]\n"
-      "          [--waive S3[,...]] [--preempt plain|abort] [--strict-s1]\n",
+      "          [--min-activity] [--random-seeds COUNT] [--hotplug] [--recovery] [--shared]\n"
+      "          [--primary] [--waive S3[,...]] [--preempt plain|abort] [--strict-s1]\n",
       program);
   return 2;
 }
@@ -177,6 +180,8 @@ int run_main(int argc, char** argv) {
       cli.seeds = value;
     } else if (arg == "--hotplug") {
       cli.hotplug = true;
+    } else if (arg == "--recovery") {
+      cli.recovery = true;
     } else if (arg == "--shared") {
       cli.shared = true;
     } else if (arg == "--primary") {

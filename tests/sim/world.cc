@@ -76,6 +76,7 @@ World::World(const Cli& cli, std::uint64_t seed)
       primary_rng_(mix(seed, 0, 0, 0x70)),
       cancel_rng_(mix(seed, 0, 0, 0x43)),
       crash_rng_(mix(seed, 0, 0, 0x4b)),
+      recovery_rng_(mix(seed, 0, 0, 0x5245)),
       config_(draw_config(plan_rng_, cli)) {
   // Shared mode (with --shared, in half the seeds), from its own stream so that the rest of the
   // scenario is the same with or without it. LIO's PREEMPT AND ABORT aborts the commands that were
@@ -158,6 +159,17 @@ void World::request_pause(Node& node) {
 }
 
 // The scenario: what the cluster manager and the environment do, and when.
+template <typename Plan>
+void World::every(Rng& rng, Time least, Time most, bool on, Plan plan) {
+  for (Time at = rng.time_between(least, most); on && at < config_.horizon;
+       at += rng.time_between(least, most)) {
+    Action action;
+    action.at = at;
+    action.node = rng.below(config_.nodes);
+    plan(action);
+  }
+}
+
 void World::plan() {
   Rng& rng = plan_rng_;
   const std::size_t n = config_.nodes;
@@ -222,12 +234,8 @@ void World::plan() {
   Rng& paths = hotplug_rng_;
   const bool drawn = paths.chance(1, 2);
   config_.hotplug = cli_.hotplug && drawn;
-  for (Time at = paths.time_between(seconds(1), seconds(10));
-       config_.hotplug && at < config_.horizon; at += paths.time_between(seconds(1), seconds(10))) {
-    Action action;
-    action.at = at;
+  every(paths, seconds(1), seconds(10), config_.hotplug, [&](Action& action) {
     action.kind = Action::Kind::kPaths;
-    action.node = paths.below(n);
     action.lus.push_back(static_cast<LuId>(paths.below(config_.lus)));
     action.add = paths.chance(1, 2);
     actions_.push_back(action);
@@ -242,7 +250,7 @@ void World::plan() {
       other.at += paths.time_between(Time{0}, 2 * config_.latency_max);
       actions_.push_back(other);
     }
-  }
+  });
   // A LU's power cycle, in one seed of five, once, from its own stream so that the rest of the
   // scenario is the same with or without it. The target keeps the PR state where APTPL is active
   // (docs/protocol.md, "Power loss and APTPL"), and otherwise forgets it; in half those seeds no LU
@@ -260,30 +268,35 @@ void World::plan() {
       }
     }
   }
+  // Paths in recovery (with --recovery, in half the seeds), from their own stream so that the rest
+  // of the scenario is the same with or without them: every 1-8 s a path of a node to a LU holds
+  // its commands in the host for 0.1-10 s (docs/protocol.md, "Writes queued in the initiator"),
+  // then sends them, or in one case of four is torn down and fails them unsent.
+  Rng& recovery = recovery_rng_;
+  const bool recovery_drawn = recovery.chance(1, 2);
+  config_.recovery = cli_.recovery && recovery_drawn;
+  every(recovery, seconds(1), seconds(8), config_.recovery, [&](Action& action) {
+    action.kind = Action::Kind::kRecovery;
+    action.lus.push_back(static_cast<LuId>(recovery.below(config_.lus)));
+    action.duration = recovery.time_between(milliseconds(100), seconds(10));
+    action.add = recovery.chance(3, 4);
+    actions_.push_back(action);
+  });
   // Shared mode (drawn in the constructor): every planned acquire is an unfence, and every 1-6 s a
   // node fences another (refused unless it is unfenced), drawn from the shared stream.
   Rng& shared = shared_rng_;
-  for (Time at = shared.time_between(seconds(1), seconds(6));
-       config_.shared && at < config_.horizon; at += shared.time_between(seconds(1), seconds(6))) {
-    Action action;
-    action.at = at;
+  every(shared, seconds(1), seconds(6), config_.shared, [&](Action& action) {
     action.kind = Action::Kind::kFence;
-    action.node = shared.below(n);
     action.victim = (action.node + 1 + shared.below(n - 1)) % n;
     actions_.push_back(action);
-  }
+  });
   // Primary mode: every planned acquire is an unfence (a member joins), and every 1-6 s a node
   // promotes; a third of the time a second node promotes at the same instant or within a round
   // trip (the leader lock of the cluster manager normally prevents it; the protocol must not rely
   // on it).
   Rng& primary = primary_rng_;
-  for (Time at = primary.time_between(seconds(1), seconds(6));
-       config_.primary && at < config_.horizon;
-       at += primary.time_between(seconds(1), seconds(6))) {
-    Action action;
-    action.at = at;
+  every(primary, seconds(1), seconds(6), config_.primary, [&](Action& action) {
     action.kind = Action::Kind::kPromote;
-    action.node = primary.below(n);
     actions_.push_back(action);
     if (primary.chance(1, 3)) {
       Action other = action;
@@ -293,7 +306,7 @@ void World::plan() {
       }
       actions_.push_back(other);
     }
-  }
+  });
   // Cancels (every mode, from their own stream): a quarter of the acquires (exclusive) and promotes
   // are cancelled by their caller at a random moment, within a few round trips (in the middle of
   // a batch) or within two command timeouts (a command that timed out, a pause).
@@ -336,6 +349,9 @@ void World::act(const Action& action) {
       node.set_links(action.lus, action.link, now() + action.duration);
       break;
     case Action::Kind::kPaths: node.hotplug(action.lus.front(), action.add, hotplug_rng_); break;
+    case Action::Kind::kRecovery:
+      node.recover(action.lus.front(), recovery_rng_, now() + action.duration, action.add);
+      break;
     case Action::Kind::kPowerCycle: {
       const bool kept = target_.power_cycle(action.lus.front());
       ++power_cycles_;
@@ -358,9 +374,11 @@ void World::enter_quiet() {
   quiet_ = true;
   faults_on_ = false;
   pause_requests_.clear();
-  trace(0, EntryKind::kQuiet).detail = "faults off, links up, every daemon running";
+  trace(0, EntryKind::kQuiet).detail =
+      "faults off, links up, paths recovered, every daemon running";
   for (auto& node : nodes_) {
     node->links_up();
+    node->recoveries_end(true);
     if (node->paused()) {
       node->resume();
     }

@@ -61,6 +61,8 @@ struct Cli {
   std::uint64_t random_seeds = 0;
   // --hotplug: paths come and go in half the seeds (README.md: the open S1 window it finds).
   bool hotplug = false;
+  // --recovery: in half the seeds, paths go into recovery, their commands waiting in the host.
+  bool recovery = false;
   // --shared: half the seeds run every node in shared mode (unfence, fence_node, release).
   bool shared = false;
   // --primary: half the seeds run every node in primary mode (unfence to join, promote, release).
@@ -123,9 +125,10 @@ struct Config {
   Time write_interval_max{0};
   Time horizon{0};
   std::uint64_t register_pause_percent = 0;  // acquires that pause right after registering
-  bool hotplug = false;  // paths come and go (update_paths), drawn from their own stream
-  bool shared = false;   // every node in shared mode (--shared), drawn from its own stream
-  bool primary = false;  // shared mode with primary (--primary), drawn from its own stream
+  bool hotplug = false;   // paths come and go (update_paths), drawn from their own stream
+  bool shared = false;    // every node in shared mode (--shared), drawn from its own stream
+  bool primary = false;   // shared mode with primary (--primary), drawn from its own stream
+  bool recovery = false;  // paths go into recovery (--recovery), drawn from their own stream
 };
 
 // Everything of one world drawn from its seed before it starts (world.cc).
@@ -255,6 +258,7 @@ class World {
       kPromote,     // primary mode: promote()
       kCancel,      // cancel() of the node's running acquire or promote, if one runs
       kPowerCycle,  // the target: lus.front() loses power and comes back (SimTarget::power_cycle)
+      kRecovery,    // a path of node to lus.front() in recovery for duration (Node::recover)
     };
     Time at{0};
     Kind kind = Kind::kAcquire;
@@ -264,10 +268,14 @@ class World {
     bool writer_too = false;
     std::vector<LuId> lus;
     LinkState link = LinkState::kNoAnswer;
-    bool add = false;  // kPaths: a path appears (or goes away)
+    bool add = false;  // kPaths: a path appears (or goes away); kRecovery: it comes back
   };
 
   void plan();
+  // Every least-most, drawn from rng, until the horizon and while on: an action at that instant by
+  // a node drawn from rng, which plan fills in (drawing from rng too) and keeps.
+  template <typename Plan>
+  void every(Rng& rng, Time least, Time most, bool on, Plan plan);
   void act(const Action& action);
   void enter_quiet();
   void final_acquire();
@@ -284,6 +292,7 @@ class World {
   Rng primary_rng_;
   Rng cancel_rng_;
   Rng crash_rng_;
+  Rng recovery_rng_;
   Config config_;
   transport::SimClock clock_;
   transport::SimTarget target_{clock_};
@@ -346,7 +355,13 @@ class Node final : public fence::Observer {
   // current paths, as blkfenced does after a udev event. The node keeps at least one path.
   void hotplug(std::size_t lu, bool add, Rng& rng);
   void links_up();
-  void timers();  // resume, boot and links that are due
+  // One of the node's present paths to the LU, drawn, goes into recovery until then: commands for
+  // it wait in the host (transport::SimHostQueues), then go out, or fail unsent when not
+  // recovered. A path already in recovery stays as it is.
+  void recover(std::size_t lu, Rng& rng, Time until, bool recovered);
+  // Ends the recoveries due by now, or every one (the quiet phase: each comes back).
+  void recoveries_end(bool all);
+  void timers();  // resume, boot, links and recoveries that are due
   std::optional<Time> timer_wake() const;
   void schedule_boot(Time at) { boot_at_ = at; }
 
@@ -371,6 +386,11 @@ class Node final : public fence::Observer {
   fence::ResourceOptions options() const;
 
  private:
+  struct Recovery {
+    Time until{0};
+    bool recovered = true;
+  };
+
   bool refused_while_busy(const std::string& why);
   fence::Resource::Done op_done(const std::string& why, const std::string& done);
 
@@ -391,6 +411,11 @@ class Node final : public fence::Observer {
   std::optional<Time> boot_at_;
   std::map<LuId, LinkState> links_;
   std::optional<Time> links_until_;
+  // The host's queues in front of its paths, shared by its daemon's and its writer's transports,
+  // and the paths in recovery now.
+  std::shared_ptr<transport::SimHostQueues> host_queues_ =
+      std::make_shared<transport::SimHostQueues>();
+  std::map<NexusId, Recovery> recoveries_;
   bool register_pause_armed_ = false;
   bool busy_ = false;
   bool calling_ = false;  // inside a call to the resource: its answer came at once (a refusal)

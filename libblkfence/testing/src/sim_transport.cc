@@ -23,8 +23,10 @@
 namespace blkfence::transport {
 namespace {
 
-// include/scsi/scsi_status.h: DID_NO_CONNECT, the command was never dispatched.
+// include/scsi/scsi_status.h: DID_NO_CONNECT, the command was never dispatched;
+// DID_TRANSPORT_FAILFAST, the path's session was torn down with the command not yet sent.
 constexpr std::uint16_t kDidNoConnect = 0x01;
+constexpr std::uint16_t kDidTransportFailfast = 0x0f;
 
 // A uniform draw in [0, max] from the engine's raw output.
 std::chrono::nanoseconds uniform(std::mt19937_64& rng, std::chrono::nanoseconds max) {
@@ -45,6 +47,38 @@ bool chance(std::mt19937_64& rng, double p) {
 }
 
 }  // namespace
+
+void SimHostQueues::hold(NexusId nexus) {
+  held_.insert(nexus);
+}
+
+void SimHostQueues::release(NexusId nexus, bool recovered) {
+  held_.erase(nexus);
+  const auto it = queues_.find(nexus);
+  if (it == queues_.end()) {
+    return;
+  }
+  const auto waiting = std::move(it->second);
+  queues_.erase(it);
+  for (const auto& send : waiting) {
+    send(recovered);
+  }
+}
+
+std::size_t SimHostQueues::waiting(NexusId nexus) const {
+  const auto it = queues_.find(nexus);
+  return it == queues_.end() ? 0 : it->second.size();
+}
+
+void SimHostQueues::enqueue(NexusId nexus, bool at_head, std::function<void(bool)> send) {
+  BLKFENCE_ASSERT(held(nexus));
+  auto& queue = queues_[nexus];
+  if (at_head) {
+    queue.push_front(std::move(send));
+  } else {
+    queue.push_back(std::move(send));
+  }
+}
 
 FaultHook random_faults(RandomFaults rates) {
   return [rates](const FaultContext& context) {
@@ -221,19 +255,61 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
     pending.emplace(id, Pending{command.tag, path_id, now});
     at(now + command.timeout + options.deadline_grace,
        [id](Core& self) { self.report_unanswered(id, Outcome::kIndeterminate, 0); });
+    if (options.host_queues && options.host_queues->held(path.nexus)) {
+      hold(id, path, std::move(command), fault);
+      return {};
+    }
+    send(id, path, std::move(command), fault, latency);
+    return {};
+  }
+
+  // Command id waits in the host's queue of its path (SimHostQueues), and may still reach the
+  // target: it goes out when the path recovers, even once this transport is gone.
+  void hold(std::uint64_t id, const Path& path, Command command, const Fault& fault) {
+    copies[id] = 1;
+    auto shared = std::make_shared<Command>(std::move(command));
+    options.host_queues->enqueue(
+        path.nexus, options.queue_at_head,
+        [weak = weak_from_this(), &target = target, &clock = clock, id, path, shared, fault,
+         latency_min = options.latency_min](bool recovered) {
+          const auto core = weak.lock();
+          if (core) {
+            core->copy_done(id);
+            if (recovered) {
+              // One connection carries the queue in its order: each takes the least latency.
+              core->send(id, path, std::move(*shared), fault, core->options.latency_min);
+            } else {
+              core->report_unanswered(id, Outcome::kTransportError, kDidTransportFailfast);
+            }
+            return;
+          }
+          if (recovered) {
+            clock.schedule(clock.now() + latency_min / 2, [&target, path, shared, fault] {
+              target.submit(path.lu, path.nexus, *shared, fault.execute_delay,
+                            [](const SimAnswer& /*ignored: nobody waits*/) {});
+            });
+          }
+        });
+  }
+
+  // Command id leaves the host now, on its way to the target: its faults and the link decide
+  // whether and when it arrives.
+  void send(std::uint64_t id, const Path& path, Command command, const Fault& fault,
+            std::chrono::nanoseconds latency) {
+    const SimTime now = clock.now();
     if (fault.transport_error || link(path.lu) == LinkState::kNoConnect) {
       at(now + latency,
          [id](Core& self) { self.report_unanswered(id, Outcome::kTransportError, kDidNoConnect); });
-      return {};
+      return;
     }
     if (fault.os_errno != 0) {
       at(now + latency, [id, os_errno = fault.os_errno](Core& self) {
         self.report_unanswered(id, Outcome::kOsError, 0, os_errno);
       });
-      return {};
+      return;
     }
     if (fault.drop_request || link(path.lu) == LinkState::kNoAnswer) {
-      return {};
+      return;
     }
     const std::chrono::nanoseconds request_delay = latency / 2 + fault.request_delay;
     const std::chrono::nanoseconds response_delay = latency - latency / 2 + fault.response_delay;
@@ -245,7 +321,6 @@ struct SimTransport::Core : std::enable_shared_from_this<Core> {
            self.command_arrives(id, path, *shared, fault, copy == 0, response_delay);
          });
     }
-    return {};
   }
 
   SimTarget& target;

@@ -7,8 +7,9 @@
 // silence; close_path() reports what is in flight; every command completes exactly once under
 // random faults; the same seed replays the same run (completions and target history) and another
 // seed does not; transports sharing a clock run their events in one order (poll_fd() included);
-// and PREEMPT AND ABORT through the transport aborts a held write (TASK ABORTED) where a plain
-// PREEMPT lets it land, which s1_violations() catches.
+// a path in recovery holds commands in the host and sends them in queue order (passthrough
+// first), or fails them unsent; and PREEMPT AND ABORT through the transport aborts a held write
+// (TASK ABORTED) where a plain PREEMPT lets it land, which s1_violations() catches.
 #include "blkfence/testing/sim_transport.h"
 
 #include <map>
@@ -33,6 +34,7 @@ constexpr std::uint64_t kKeyB = 0x4c494f0000000002ULL;
 constexpr NexusId kA = 1;
 constexpr NexusId kB = 2;
 constexpr milliseconds kTimeout{100};
+constexpr milliseconds kLong{60'000};  // a deadline no step of a test reaches
 
 Command tagged(Command command, std::uint64_t tag, milliseconds timeout = kTimeout) {
   command.tag = tag;
@@ -524,6 +526,103 @@ TEST(SimTransportRandom, EveryCommandCompletesExactlyOnceWhateverTheFaults) {
 
 // PREEMPT AND ABORT against a writer whose WRITE the target holds: the write completes TASK
 // ABORTED and never lands. With plain PREEMPT it lands after the preempt: an S1 violation.
+// A path in recovery (SimHostQueues): its commands wait in the host, started nowhere, and go out
+// in queue order when it comes back, passthrough commands ahead of the writes already waiting. So
+// a REGISTER that a fenced node's daemon queues reaches the LU before the writes that waited
+// there, and they land; without it they are refused.
+TEST_F(SimTransportTest, APathInRecoveryHoldsCommandsAndSendsPassthroughFirst) {
+  for (const bool register_again : {false, true}) {
+    SCOPED_TRACE(register_again ? "the daemon registers meanwhile" : "nothing registers");
+    SimClock local_clock;
+    SimTarget local(local_clock);
+    const LuId id = local.add_lu();
+    local.add_path("/dev/sg1", id, kA);
+    local.add_path("/dev/sd1", id, kA);
+    local.add_path("/dev/sg2", id, kB);
+    const auto host = std::make_shared<SimHostQueues>();
+    auto daemon = SimTransport::make(local, {.host_queues = host, .queue_at_head = true}).value();
+    auto writer = SimTransport::make(local, {.host_queues = host, .queue_at_head = false}).value();
+    auto holder = SimTransport::make(local).value();
+    const PathId sg = daemon->open_path("/dev/sg1").value();
+    const PathId sd = writer->open_path("/dev/sd1").value();
+    const PathId b = holder->open_path("/dev/sg2").value();
+    ASSERT_EQ(run_one(*holder, b, tagged(prout_command(codec::prout_register_and_ignore(kKeyB)), 1))
+                  .outcome,
+              Outcome::kGood);
+    ASSERT_EQ(run_one(*holder, b,
+                      tagged(prout_command(codec::prout_reserve(
+                                 kKeyB, PrType::kWriteExclusiveRegistrantsOnly)),
+                             2))
+                  .outcome,
+              Outcome::kGood);
+
+    host->hold(kA);
+    ASSERT_TRUE(writer->submit(sd, tagged(write_command(7, 0xee), 3, kLong)).has_value());
+    local_clock.advance(milliseconds(50));
+    EXPECT_EQ(host->waiting(kA), 1U);
+    EXPECT_TRUE(local.history().writes.empty()) << "not sent";
+    EXPECT_EQ(local.held_count(id), 0U);
+    if (register_again) {
+      ASSERT_TRUE(
+          daemon
+              ->submit(sg, tagged(prout_command(codec::prout_register_and_ignore(kKeyA)), 4, kLong))
+              .has_value());
+    }
+    local_clock.advance(milliseconds(50));
+    EXPECT_EQ(host->waiting(kA), register_again ? 2U : 1U);
+    host->release(kA, true);
+    EXPECT_FALSE(host->held(kA));
+    const auto written = reap_all(*writer);
+    ASSERT_EQ(written.size(), 1U);
+    EXPECT_EQ(written[0].outcome, register_again ? Outcome::kGood : Outcome::kReservationConflict);
+    EXPECT_EQ(local.block(id, 7).has_value(), register_again);
+    if (register_again) {
+      EXPECT_EQ(reap_all(*daemon).size(), 1U);
+      const SimHistory& history = local.history();
+      ASSERT_EQ(history.prouts.size(), 3U);
+      ASSERT_EQ(history.writes.size(), 1U);
+      EXPECT_LT(history.prouts.back().sequence, history.writes[0].sequence)
+          << "the REGISTER queued later went out first";
+    }
+  }
+}
+
+// A recovery that ends in a torn-down session fails what waits, unsent. A command whose deadline
+// passes while it waits is reported indeterminate and may still run, and runs when the path comes
+// back, even once its transport is gone: the kernel sends it anyway.
+TEST_F(SimTransportTest, WhatWaitsInRecoveryFailsUnsentOrRunsLate) {
+  const auto host = std::make_shared<SimHostQueues>();
+  auto writer = make({.host_queues = host, .queue_at_head = false});
+  auto daemon = make({.host_queues = host, .queue_at_head = true});
+  const PathId sd = open(*writer, "/dev/sg1");
+  const PathId sg = open(*daemon, "/dev/sg1");
+
+  host->hold(kA);
+  ASSERT_TRUE(writer->submit(sd, tagged(write_command(1, 0x11), 1, kLong)).has_value());
+  clock.advance(milliseconds(10));
+  host->release(kA, false);
+  const auto failed = reap_all(*writer);
+  ASSERT_EQ(failed.size(), 1U);
+  EXPECT_EQ(failed[0].outcome, Outcome::kTransportError);
+  EXPECT_EQ(failed[0].host_status, 0x0f) << "DID_TRANSPORT_FAILFAST";
+  EXPECT_EQ(writer->unreturned(), std::optional<std::size_t>(0));
+
+  host->hold(kA);
+  const Completion late = run_one(*writer, sd, tagged(write_command(2, 0x22), 2));
+  EXPECT_EQ(late.outcome, Outcome::kIndeterminate);
+  EXPECT_EQ(writer->unreturned(), std::optional<std::size_t>(1)) << "it waits, and may still run";
+  ASSERT_TRUE(
+      daemon->submit(sg, tagged(prout_command(codec::prout_register_and_ignore(kKeyA)), 3, kLong))
+          .has_value());
+  daemon.reset();
+  host->release(kA, true);
+  clock.advance(milliseconds(1000));
+  EXPECT_EQ(writer->unreturned(), std::optional<std::size_t>(0)) << "it ran";
+  EXPECT_TRUE(target.block(lu, 2).has_value());
+  EXPECT_FALSE(target.block(lu, 1).has_value());
+  EXPECT_EQ(target.registrations(lu).size(), 1U) << "the REGISTER of a transport gone went out";
+}
+
 TEST_F(SimTransportTest, PreemptAndAbortAbortsAHeldWriteWherePreemptLetsItLand) {
   for (const bool abort : {true, false}) {
     SCOPED_TRACE(abort ? "PREEMPT AND ABORT" : "PREEMPT");

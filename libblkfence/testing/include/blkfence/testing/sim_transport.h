@@ -21,10 +21,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -96,13 +99,44 @@ enum class LinkState : std::uint8_t {
   kNoAnswer,
 };
 
+// The host's block-layer queues in front of its paths, shared by every transport of one host (its
+// daemon's and its writer's), so that a path whose SCSI device is blocked holds the commands of
+// both. A path in recovery (an iSCSI session re-logging in, an FC remote port waiting out its
+// dev_loss_tmo) sends nothing: each command for it waits in the host, started nowhere and counted
+// in no in-flight count, its deadline running, until the path comes back and the queue goes out
+// in order, or the session is torn down and every waiting command fails unsent. Passthrough
+// commands (sg's default, without SG_FLAG_Q_AT_TAIL) are queued at the head, ahead of the writes
+// already waiting; file system and O_DIRECT I/O at the tail (SimTransportOptions::queue_at_head).
+class SimHostQueues {
+ public:
+  // The nexus's path goes into recovery: commands for it wait from now on.
+  void hold(NexusId nexus);
+  // Its recovery ends: recovered, the waiting commands go out in queue order (and reach the target
+  // as any command does, even those of a transport that is gone: the kernel sends them anyway);
+  // not, each fails unsent (DID_TRANSPORT_FAILFAST).
+  void release(NexusId nexus, bool recovered);
+  bool held(NexusId nexus) const { return held_.contains(nexus); }
+  std::size_t waiting(NexusId nexus) const;
+
+  // For SimTransport: queues send, called once with the recovery's end.
+  void enqueue(NexusId nexus, bool at_head, std::function<void(bool recovered)> send);
+
+ private:
+  std::set<NexusId> held_;
+  std::map<NexusId, std::deque<std::function<void(bool recovered)>>> queues_;
+};
+
 struct SimTransportOptions {
   std::uint64_t seed = 1;
   // Each command's base latency, uniform in [latency_min, latency_max], half each way.
   std::chrono::nanoseconds latency_min{std::chrono::microseconds(100)};
   std::chrono::nanoseconds latency_max{std::chrono::microseconds(500)};
   std::chrono::milliseconds deadline_grace{0};
-  FaultHook fault;  // empty: no faults
+  FaultHook fault{};  // empty: no faults
+  // The host's queues this transport's commands pass (null: no path is ever held), and where its
+  // commands wait in them.
+  std::shared_ptr<SimHostQueues> host_queues{};
+  bool queue_at_head = false;
 };
 
 class SimTransport final : public Transport {
