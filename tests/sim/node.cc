@@ -538,7 +538,16 @@ void Node::hotplug(std::size_t lu, bool add, Rng& rng) {
     if (present.size() <= 1) {
       return;
     }
-    present.erase(present.begin() + static_cast<std::ptrdiff_t>(rng.below(present.size())));
+    const auto gone = present.begin() + static_cast<std::ptrdiff_t>(rng.below(present.size()));
+    const NexusId nexus = nexuses_[lu][*gone];
+    present.erase(gone);
+    // The kernel deletes the path's SCSI device, and with it fails what its queue held, unsent.
+    if (recoveries_.erase(nexus) > 0) {
+      world_.trace(id_, EntryKind::kLink).detail =
+          "nexus " + std::to_string(nexus) + " gone in recovery: " +
+          std::to_string(host_queues_->waiting(nexus)) + " waiting commands fail unsent";
+      host_queues_->release(nexus, false);
+    }
   }
   std::string detail =
       "LU " + std::to_string(lu) + (add ? " path added" : " path gone") + ", nexuses now";

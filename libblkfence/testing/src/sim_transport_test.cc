@@ -524,8 +524,6 @@ TEST(SimTransportRandom, EveryCommandCompletesExactlyOnceWhateverTheFaults) {
   }
 }
 
-// PREEMPT AND ABORT against a writer whose WRITE the target holds: the write completes TASK
-// ABORTED and never lands. With plain PREEMPT it lands after the preempt: an S1 violation.
 // A path in recovery (SimHostQueues): its commands wait in the host, started nowhere, and go out
 // in queue order when it comes back, passthrough commands ahead of the writes already waiting. So
 // a REGISTER that a fenced node's daemon queues reaches the LU before the writes that waited
@@ -623,6 +621,8 @@ TEST_F(SimTransportTest, WhatWaitsInRecoveryFailsUnsentOrRunsLate) {
   EXPECT_EQ(target.registrations(lu).size(), 1U) << "the REGISTER of a transport gone went out";
 }
 
+// PREEMPT AND ABORT against a writer whose WRITE the target holds: the write completes TASK
+// ABORTED and never lands. With plain PREEMPT it lands after the preempt: an S1 violation.
 TEST_F(SimTransportTest, PreemptAndAbortAbortsAHeldWriteWherePreemptLetsItLand) {
   for (const bool abort : {true, false}) {
     SCOPED_TRACE(abort ? "PREEMPT AND ABORT" : "PREEMPT");
