@@ -1,6 +1,7 @@
 // Path hot-plug of a resource: new paths registered with the current key (docs/protocol.md,
 // "Paths"; fence layer). See resource.h.
 #include <algorithm>
+#include <cerrno>
 #include <set>
 
 #include "blkfence/assert.h"
@@ -147,6 +148,14 @@ void Resource::register_paths_after_a_round(const Reads& reads, Time now) {
   }
 }
 
+bool Resource::holds_commands_back(std::size_t lu) const {
+  if (!options_.writes_in_flight) {
+    return false;
+  }
+  const auto writes = options_.writes_in_flight(options_.lus[lu]);
+  return !writes && writes.error().errno_value() == EBUSY;
+}
+
 // Registers the new paths with the current key: read first (the key must still be current: a key
 // preempted meanwhile is never registered again, S5), then REGISTER AND IGNORE EXISTING KEY on each
 // new path, then read again. No atomic "register only while key K is registered" exists in SPC-4,
@@ -159,6 +168,24 @@ void Resource::register_new_paths(Time now) {
   }
   if (!holding()) {
     new_paths_.clear();
+    return;
+  }
+  // A LU with a path that holds commands back (its SCSI device blocked: an iSCSI session in
+  // recovery) could hold the REGISTER too, at the head of that queue, and send it once the session
+  // is back, maybe long after a fence and ahead of the writes waiting behind it (docs/protocol.md,
+  // "Paths that come and go"). Its new paths wait for a round that finds none holding back.
+  std::vector<std::pair<std::size_t, pr::Path>> held_back;
+  std::erase_if(new_paths_, [this, &held_back](const std::pair<std::size_t, pr::Path>& pending) {
+    if (!holds_commands_back(pending.first)) {
+      return false;
+    }
+    held_back.push_back(pending);
+    return true;
+  });
+  if (!held_back.empty()) {
+    retry_paths_after_a_round(held_back);
+  }
+  if (new_paths_.empty()) {
     return;
   }
   begin(Op::kPaths, nullptr);

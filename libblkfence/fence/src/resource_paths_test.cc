@@ -1,12 +1,12 @@
 // Proves fence::Resource's path hot-plug (docs/protocol.md, "Paths") on the bench of
 // resource_test_bench.h: a new path of a held LU is registered with the current key, never after
 // a fence (S5), registered once contact is back when it appeared while contact was lost or its
-// first read failed, registered for a shared member without an epoch file, taken back when a
-// preempt landed just before it, and never taken back unread when
-// the read after its REGISTER fails (S4: the monitor reads at once instead); a release asked for
-// meanwhile waits for the registration instead of failing; one hung path of a multipath LU never
-// costs contact while the other path answers; a device found again under its H:C:T:L is a new
-// path, and the fd of the old one is closed.
+// first read failed, not while a path of its LU holds commands back, registered for a shared member
+// without an epoch file, taken back when a preempt landed just before it, and never taken back
+// unread when the read after its REGISTER fails (S4: the monitor reads at once instead); a release
+// asked for meanwhile waits for the registration instead of failing; one hung path of a multipath
+// LU never costs contact while the other path answers; a device found again under its H:C:T:L is a
+// new path, and the fd of the old one is closed.
 #include <gtest/gtest.h>
 
 #include "resource_test_bench.h"
@@ -139,6 +139,37 @@ TEST_F(ResourceTest, ANewPathThatAppearsDuringLostContactIsRegisteredOnceContact
   ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
   EXPECT_EQ(a->resource->state(), State::kHeld);
   EXPECT_TRUE(a->resource->gate_open());
+}
+
+// A new path of a LU whose paths hold commands back (a blocked SCSI device: the count of writes in
+// flight fails with EBUSY) is not registered while they do: its REGISTER would wait at the head of
+// that queue and could go out long after a fence. It is registered at a round once none does.
+TEST_F(ResourceTest, ANewPathWaitsWhileAPathOfItsLuHoldsCommandsBack) {
+  bool blocked = false;
+  ResourceOptions options = a->options();
+  options.writes_in_flight = [&blocked](const pr::LogicalUnit& lu) -> Result<std::uint64_t> {
+    if (blocked && lu.name == "lu0") {
+      return tl::unexpected(Error::os(EBUSY, "/dev/sdb may hold writes that no count shows"));
+    }
+    return 0;
+  };
+  a->boot(options);
+  const Key key = acquired(*a);
+  blocked = true;
+  const std::string device = "/dev/sg-n1-0-new";
+  target.add_path(device, 0, nexus_of(kNodeA, 0, 5));
+  std::vector<pr::Path> paths = a->resource->options().lus[0].paths;
+  paths.push_back(pr::Path{.sg = device, .sd = {}, .hctl = device, .initiator = {}});
+  a->resource->update_paths(0, paths, now());
+  run_for(kCheckInterval * 4);
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value()}))
+      << "registered while a path of the LU held commands back";
+  EXPECT_TRUE(a->resource->gate_open());
+  blocked = false;
+  ASSERT_TRUE(run_until([&] { return keys_on(0).size() == 3; })) << "never registered";
+  EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{key.value(), key.value(), key.value()}));
+  ASSERT_TRUE(run_until([&] { return !a->resource->busy(); }));
+  EXPECT_EQ(a->resource->state(), State::kHeld);
 }
 
 // A path that appears just as contact goes: its registration's first read fails. Whether the key

@@ -346,6 +346,8 @@ class Resource {
   void retry_paths_after_a_round(const std::vector<std::pair<std::size_t, pr::Path>>& paths);
   void register_paths_after_a_round(const Reads& reads, Time now);
   bool key_current(const Reads& reads, Key key) const;
+  // A path of the LU holds commands back unsent (writes_in_flight fails with EBUSY).
+  bool holds_commands_back(std::size_t lu) const;
   void register_new_paths(Time now);
   // again: the paths whose REGISTER was stopped by a sign of a preempt (not registered).
   void new_paths_registered(Key key, std::vector<std::pair<std::size_t, pr::Path>> paths,
