@@ -544,8 +544,9 @@ void Node::hotplug(std::size_t lu, bool add, Rng& rng) {
     // The kernel deletes the path's SCSI device, and with it fails what its queue held, unsent.
     if (recoveries_.erase(nexus) > 0) {
       world_.trace(id_, EntryKind::kLink).detail =
-          "nexus " + std::to_string(nexus) + " gone in recovery: " +
-          std::to_string(host_queues_->waiting(nexus)) + " waiting commands fail unsent";
+          "nexus " + std::to_string(nexus) +
+          " gone in recovery: " + std::to_string(host_queues_->waiting(nexus)) +
+          " waiting commands fail unsent";
       host_queues_->release(nexus, false);
     }
   }
