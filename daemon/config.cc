@@ -649,7 +649,22 @@ Check<ResourceConfig> read_resource(std::string_view source, const toml::table& 
   if (!type) {
     return Problem(std::move(type.error()));
   }
+  if (*type == nullptr && resource.mode == Mode::kShared) {
+    resource.type = codec::PrType::kWriteExclusiveAllRegistrants;
+  }
   if (*type != nullptr) {
+    // Shared mode: under any other type the reservation goes with the one nexus that holds it,
+    // and a holding member's release or fence leaves the LUs unreserved, open to every nexus, a
+    // fenced member's included (docs/protocol.md, "Shared mode").
+    if (resource.mode == Mode::kShared && !codec::is_all_registrants(resource.type)) {
+      return Problem(reader.at(
+          *reader.find("type"), "type",
+          "mode = \"shared\" needs an all-registrants type: under \"" +
+              std::string(pr_type_name(resource.type)) +
+              "\" the reservation leaves with the member that holds it, and the LUs are open to "
+              "every nexus, a fenced member's included, until another member reserves them; use "
+              "\"write-exclusive-all-registrants\" (the default)"));
+    }
     // SPC-4 5.13.10: under an all-registrants type READ RESERVATION reports key 0 as the holder,
     // so "our key holds" (docs/protocol.md, S2) could never be verified.
     if (resource.mode != Mode::kShared && codec::is_all_registrants(resource.type)) {

@@ -385,12 +385,25 @@ TEST(Config, ModeTypePreempt) {
       {"exclusive-access-all-registrants", codec::PrType::kExclusiveAccessAllRegistrants},
   };
   for (const auto& [name, type] : types) {
-    EXPECT_EQ(
-        first_resource(with_resource("mode = \"shared\"\ntype = \"" + std::string(name) + "\"\n"))
-            .type,
-        type);
+    const std::string mode = codec::is_all_registrants(type) ? "shared" : "primary";
+    EXPECT_EQ(first_resource(
+                  with_resource("mode = \"" + mode + "\"\ntype = \"" + std::string(name) + "\"\n"))
+                  .type,
+              type);
     EXPECT_EQ(pr_type_name(type), name);
   }
+  // Shared mode defaults to an all-registrants type and refuses the others: their reservation
+  // leaves with the member that holds it (docs/protocol.md, "Shared mode").
+  EXPECT_EQ(first_resource(with_resource("mode = \"shared\"\n")).type,
+            codec::PrType::kWriteExclusiveAllRegistrants);
+  EXPECT_EQ(first_resource(with_resource("mode = \"primary\"\n")).type,
+            codec::PrType::kWriteExclusiveRegistrantsOnly);
+  EXPECT_EQ(
+      error_of(with_resource("mode = \"shared\"\ntype = \"write-exclusive-registrants-only\"\n")),
+      "blkfence.toml:7:8: resource \"pgdata\": type: mode = \"shared\" needs an all-registrants "
+      "type: under \"write-exclusive-registrants-only\" the reservation leaves with the member "
+      "that holds it, and the LUs are open to every nexus, a fenced member's included, until "
+      "another member reserves them; use \"write-exclusive-all-registrants\" (the default)");
   EXPECT_EQ(error_of(with_resource("mode = \"single\"\n")),
             "blkfence.toml:6:8: resource \"pgdata\": mode: expected \"exclusive\", \"shared\" or "
             "\"primary\", "

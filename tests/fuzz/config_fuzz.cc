@@ -44,7 +44,7 @@ void check_resource(const ResourceConfig& r) {
                     device.starts_with("eui.") || device.starts_with("t10."));
     BLKFENCE_ASSERT(device.find('\0') == std::string::npos);
   }
-  BLKFENCE_ASSERT(r.mode == Mode::kShared || !codec::is_all_registrants(r.type));
+  BLKFENCE_ASSERT((r.mode == Mode::kShared) == codec::is_all_registrants(r.type));
   BLKFENCE_ASSERT(r.check_interval >= milliseconds(10) && r.check_interval <= milliseconds(60000));
   BLKFENCE_ASSERT(r.lease > r.check_interval && r.lease <= milliseconds(600000));
   BLKFENCE_ASSERT(r.command_timeout >= milliseconds(100) && r.command_timeout < r.lease);

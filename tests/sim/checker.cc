@@ -31,6 +31,8 @@ std::uint16_t cluster_of_key(std::uint64_t key) {
 std::uint32_t epoch_of_key(std::uint64_t key) {
   return static_cast<std::uint32_t>(key);
 }
+// Shared mode: the epoch of a departed member's key (docs/protocol.md, "Shared mode").
+constexpr std::uint32_t kDepartedEpoch = 1;
 
 bool shared(const Run& run) {
   return run.mode == fence::Mode::kShared;
@@ -335,11 +337,10 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // called unfence() after P.at and before V's writer issued W (an explicit unfence ends the fence:
 // V registers K_V again and may write; a write issued before it is a stale one, which the
 // unfence's REGISTER must not let land: it waits for V's writes in flight, docs/protocol.md,
-// "Writes queued in the initiator"), or the late new-path registration above excuses it, or L had
-// no reservation when W landed: a member that held it and released (RELEASE, or its unregistration)
-// left L unreserved until another member's monitor reserves it again, and without a reservation
-// every nexus may write (SPC-4 5.13.1), the window docs/protocol.md ("Release") accepts in shared
-// mode as fence_scsi does.
+// "Writes queued in the initiator"), or the late new-path registration above excuses it. An
+// unreserved L excuses nothing: the All Registrants reservation stays while any member is
+// registered, and a release moves the member's nexuses to its departed key instead of unregistering
+// them (docs/protocol.md, "Shared mode"), so no release leaves L open to every nexus.
 //
 // Primary mode (shared mode with primary): as in shared mode, the token rule alone names a fence
 // (the keys now have epochs, but a promote whose new key was preempted while it ran fails and stays
@@ -347,16 +348,16 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // V's last unfence() or promote() call before P.at; typically a promote's PREEMPT of the old
 // primary's key. The same excuses hold: an unfence() or promote() of V after P.at and before W was
 // issued, the
-// late new-path registration, an unreserved L when W landed (the LUs are unreserved until the
-// first promote), and a W the target accepted before P while L's holder was no key of V's: LIO
-// marks each command with the holder's key when it accepts it, and PREEMPT AND ABORT aborts the
-// commands marked with the preempted key, so a write held from the unreserved window or from when
-// V was a member is not aborted (docs/protocol.md, "Primary mode"). A write marked with an older
-// key of V's is no excuse: V re-keys its holding nexus only once its writes are done
-// (marked_beyond_the_abort). The
-// new-path window's "V knows" reads K_V's loss as the primary's monitor does (another holder, or
-// K_V not registered) when K_V opened a gate as the primary's, and as a member's (K_V not
-// registered) otherwise.
+// late new-path registration, and two more: an unreserved L when W landed (the LUs are unreserved
+// until the first promote, and without a reservation every nexus may write, SPC-4 5.13.1), and a W
+// the target accepted before P while L's holder was no key of V's: LIO marks each command with the
+// holder's key when it accepts it, and PREEMPT AND ABORT aborts the commands marked with the
+// preempted key, so a write held from the unreserved window or from when V was a member is not
+// aborted (docs/protocol.md, "Primary mode"). A write marked with an older key of V's is no excuse:
+// V re-keys its holding nexus only once its writes are done (marked_beyond_the_abort). The new-path
+// window's "V knows" reads K_V's loss as the primary's monitor does (another holder, or K_V not
+// registered) when K_V opened a gate as the primary's, and as a member's (K_V not registered)
+// otherwise.
 
 // Primary mode: whether the key opened a gate as the primary's (which the monitor fences when it
 // is no longer the holder, as in exclusive mode), not as a member's.
@@ -612,7 +613,7 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
           issue->second.epoch() <= epoch_of_key(removal->key) &&
           !(shared(run) &&
             (unfenced_between(run, issue->second.node, removal->record->at, issue->second.issued) ||
-             !replayed.holder_at(write.lu, write.sequence) ||
+             (run.primary && !replayed.holder_at(write.lu, write.sequence)) ||
              (run.primary && write.accepted_at < removal->record->at &&
               marked_beyond_the_abort(run, replayed, write, issue->second.node, removal->key)))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second) &&
@@ -1459,8 +1460,17 @@ void check_s4(const Run& run, const Steps& steps, std::vector<Violation>& violat
 // Fenced event, and after every daemon start (whether it adopted its key or not), no REGISTER or
 // REGISTER AND IGNORE EXISTING KEY that puts a key in place is submitted from its nexuses until the
 // driver next calls acquire() (in shared mode unfence()) on it, except the registration of a new
-// path with the key the node holds and has verified: its gate is open with that very key when the
-// REGISTER goes out.
+// path with the key the node holds and has verified (its gate is open with that very key when the
+// REGISTER goes out), and a shared-mode release's move to the departed key (departs).
+// Shared mode: a release moving a nexus from the member's key to the departed key. A plain
+// REGISTER with a key in the RESERVATION KEY field changes a registration that exists and registers
+// no nexus that is not (RESERVATION CONFLICT, SPC-4 5.13.7): a fenced nexus stays unregistered.
+bool departs(const Run& run, const Command& command) {
+  return shared(run) && !run.primary && command.is(PrOutAction::kRegister) && command.key != 0 &&
+         node_of_key(command.sa_key) == node_of_key(command.key) &&
+         epoch_of_key(command.sa_key) == kDepartedEpoch;
+}
+
 void check_s5(const Run& run, const Steps& steps, std::vector<Violation>& violations) {
   for (const auto& [node, node_steps] : steps) {
     const Entry* since = nullptr;
@@ -1481,7 +1491,8 @@ void check_s5(const Run& run, const Steps& steps, std::vector<Violation>& violat
         continue;
       }
       const Command& command = *step.command;
-      if (step.completion || !command.registers() || !forbidden || open_with == command.sa_key) {
+      if (step.completion || !command.registers() || !forbidden || open_with == command.sa_key ||
+          departs(run, command)) {
         continue;
       }
       violations.push_back({"S5",

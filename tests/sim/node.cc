@@ -163,7 +163,8 @@ fence::ResourceOptions Node::options() const {
   o.lus = lus_;
   o.mode = config.shared || config.primary ? fence::Mode::kShared : fence::Mode::kExclusive;
   o.primary = config.primary;
-  o.type = codec::PrType::kWriteExclusiveRegistrantsOnly;
+  o.type = config.shared && !config.primary ? codec::PrType::kWriteExclusiveAllRegistrants
+                                            : codec::PrType::kWriteExclusiveRegistrantsOnly;
   o.preempt_abort = config.preempt_abort;
   o.cluster_id = fence::cluster_id_from_name("sim");
   o.node_id = id_;

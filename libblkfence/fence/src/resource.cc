@@ -67,8 +67,10 @@ Resource::Resource(ResourceOptions options, pr::Engine& engine, EpochStore& epoc
   BLKFENCE_ASSERT(!options_.lus.empty());
   BLKFENCE_ASSERT(options_.node_id >= Key::kNodeIdMin);
   BLKFENCE_ASSERT(options_.keys_every >= 1 && options_.verify_rounds_max >= 1);
-  // Exclusive mode needs one holder key to compare with ours.
-  BLKFENCE_ASSERT(options_.mode == Mode::kShared || !codec::is_all_registrants(options_.type));
+  // Exclusive and primary mode need one holder key to compare with ours; shared mode needs a
+  // reservation that stays while any member is registered (docs/protocol.md, "Shared mode").
+  const bool members_hold = options_.mode == Mode::kShared && !options_.primary;
+  BLKFENCE_ASSERT(members_hold == codec::is_all_registrants(options_.type));
   for (const auto& lu : options_.lus) {
     views_.push_back(LuView{.name = lu.name,
                             .wwn = lu.wwn,
@@ -958,7 +960,9 @@ std::optional<Key> Resource::adoptable(const Reads& reads, std::uint32_t stored)
   std::optional<std::uint64_t> mine;
   for (const auto& lu : reads.lus) {
     for (const std::uint64_t k : lu.keys->keys) {
-      if (drawn_by_us(k) && (!mine || Key::epoch_of(k) > Key::epoch_of(*mine))) {
+      // Shared mode: a departed key (a release) is never adopted: only an unfence opens the gate.
+      const bool member = options_.primary || Key::epoch_of(k) != Key::kEpochDeparted;
+      if (drawn_by_us(k) && member && (!mine || Key::epoch_of(k) > Key::epoch_of(*mine))) {
         mine = k;
       }
     }

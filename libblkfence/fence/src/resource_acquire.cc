@@ -507,75 +507,89 @@ Result<void> Resource::give_up(Key key) {
 
 void Resource::release_shared(Key key, Time now) {
   set_state(State::kReleasing, "releasing " + key.to_string());
-  std::vector<pr::Request> releases;
-  for (const auto& lu : options_.lus) {
-    releases.push_back(
-        pr::prout_first_path(lu, codec::prout_release(key.value(), options_.type), "RELEASE"));
-  }
   // S4: a PR OUT of ours that failed or timed out before (an unfence, a fence, the monitor's
-  // RESERVE) is read back before the RELEASE.
-  after_monitor_prouts(now, [this, key, releases = std::move(releases)](Time from) mutable {
-    read_all(
-        true, from,
-        [this, key, releases = std::move(releases)](const Reads& before, Time read) mutable {
-          if (!before.ok()) {
-            set_state(State::kReleased, "release failed: cannot read " +
-                                            before.errors(options_.lus) + "; " + key.to_string() +
-                                            " stays registered");
-            end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_),
-                read);
+  // RESERVE) is read back before anything is sent.
+  after_monitor_prouts(now, [this, key](Time from) {
+    read_all(true, from, [this, key](const Reads& before, Time read) {
+      if (!before.ok()) {
+        set_state(State::kReleased, "release failed: cannot read " + before.errors(options_.lus) +
+                                        "; " + key.to_string() + " stays registered");
+        end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_), read);
+        return;
+      }
+      // A member of primary mode whose key holds a LU (a promote that failed at its verify, or
+      // was cancelled after its take) keeps it as the primary does: unregistering the holder
+      // would take the highest epoch off the LUs, and the next promote could draw it again (S3).
+      if (options_.primary) {
+        for (std::size_t i = 0; i < before.lus.size(); ++i) {
+          if (before.holder(i) == key.value()) {
+            release_keeping(key, true, read);
             return;
           }
-          // A member of primary mode whose key holds a LU (a promote that failed at its verify,
-          // or was cancelled after its take) keeps it as the primary does: unregistering the
-          // holder would take the highest epoch off the LUs, and the next promote could draw
-          // it again (S3).
-          if (options_.primary) {
-            for (std::size_t i = 0; i < before.lus.size(); ++i) {
-              if (before.holder(i) == key.value()) {
-                release_keeping(key, true, read);
-                return;
-              }
+        }
+      }
+      // Under an All Registrants type every registrant holds: a RELEASE from any of them, or the
+      // unregister of the last one, would leave the LUs unreserved, open to every nexus, a fenced
+      // member's included (S1). So the member's nexuses move to the departed key instead, which
+      // keeps the reservation and opens nothing (docs/protocol.md, "Release"). Under a
+      // Registrants Only type (primary mode's members) only a holder's RELEASE does anything.
+      if (codec::is_all_registrants(options_.type)) {
+        release_registering(key, key_for(Key::kEpochDeparted), read);
+        return;
+      }
+      std::vector<pr::Request> releases;
+      for (const auto& lu : options_.lus) {
+        releases.push_back(
+            pr::prout_first_path(lu, codec::prout_release(key.value(), options_.type), "RELEASE"));
+      }
+      run(std::move(releases), read, [this, key](const std::vector<pr::Response>&, Time at) {
+        release_registering(key, std::nullopt, at);
+      });
+    });
+  });
+}
+
+// Moves every path from the member's key to `then` (nullopt: unregisters), and reads back. A
+// plain REGISTER: a nexus no longer registered with the key (fenced) stays unregistered (S5).
+void Resource::release_registering(Key key, std::optional<Key> then, Time now) {
+  std::vector<pr::Request> registers;
+  for (const auto& lu : options_.lus) {
+    for (auto& request : pr::prout_every_path(
+             lu, codec::prout_register(key.value(), then ? then->value() : 0, register_options()),
+             then ? "REGISTER (departed key)" : "REGISTER (unregister)")) {
+      registers.push_back(std::move(request));
+    }
+  }
+  run(std::move(registers), now,
+      [this, key, then](const std::vector<pr::Response>& responses, Time done_at) {
+        // One that timed out may still execute: the next unfence waits until it no longer can, or
+        // it would move a nexus of the new registration to the departed key.
+        note_late_registers(responses, done_at);
+        // RESERVATION CONFLICT means the key was already gone; read back to report the truth.
+        read_all(true, done_at, [this, key, then](Reads reads, Time read_at) {
+          std::string left;
+          for (std::size_t i = 0; i < reads.lus.size(); ++i) {
+            if (!reads.lus[i].error.empty() || reads.registered(i, key.value())) {
+              left += (left.empty() ? "" : ", ") + options_.lus[i].name;
             }
           }
-          run(std::move(releases), read, [this, key](const std::vector<pr::Response>&, Time at) {
-            std::vector<pr::Request> unregisters;
-            for (const auto& lu : options_.lus) {
-              for (auto& request : pr::prout_every_path(
-                       lu, codec::prout_register(key.value(), 0, register_options()),
-                       "REGISTER (unregister)")) {
-                unregisters.push_back(std::move(request));
-              }
-            }
-            run(std::move(unregisters), at,
-                [this, key](const std::vector<pr::Response>&, Time done_at) {
-                  // RESERVATION CONFLICT means the key was already gone; read back to report the
-                  // truth.
-                  read_all(true, done_at, [this, key](Reads reads, Time read_at) {
-                    std::string left;
-                    for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-                      if (!reads.lus[i].error.empty() || reads.registered(i, key.value())) {
-                        left += (left.empty() ? "" : ", ") + options_.lus[i].name;
-                      }
-                    }
-                    if (left.empty()) {
-                      set_state(State::kReleased, "released " + key.to_string());
-                      emit(EventKind::kReleased, detail_);
-                      key_.reset();
-                      end(key, read_at);
-                      return;
-                    }
-                    set_state(State::kReleased, "released, but " + key.to_string() +
-                                                    " may still be registered on " + left);
-                    emit(EventKind::kReleased, detail_);
-                    end(fail(ErrorCode::kIndeterminate,
-                             "release of " + options_.name + ": " + detail_),
-                        read_at);
-                  });
-                });
-          });
+          if (left.empty()) {
+            set_state(State::kReleased, "released " + key.to_string() +
+                                            (then ? "; the departed key " + then->to_string() +
+                                                        " keeps the LUs reserved"
+                                                  : ""));
+            emit(EventKind::kReleased, detail_);
+            key_.reset();
+            end(key, read_at);
+            return;
+          }
+          set_state(State::kReleased,
+                    "released, but " + key.to_string() + " may still be registered on " + left);
+          emit(EventKind::kReleased, detail_);
+          end(fail(ErrorCode::kIndeterminate, "release of " + options_.name + ": " + detail_),
+              read_at);
         });
-  });
+      });
 }
 
 // --- shared mode ---------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ class EpochsTest : public ResourceTest {
     }
     ResourceOptions o = node.options(Mode::kShared);
     o.primary = true;  // a member draws an epoch in primary mode (docs/protocol.md)
+    o.type = kWeRo;
     return o;
   }
 
@@ -483,8 +484,10 @@ TEST_F(EpochsTest, TheMonitorStoresARiseOnceAndOnlyARise) {
 TEST_F(EpochsTest, APrimaryWhoseMembersOutrankItIsAdoptedAfterARestart) {
   ResourceOptions primary_a = a->options(Mode::kShared);
   primary_a.primary = true;
+  primary_a.type = kWeRo;
   ResourceOptions primary_b = b->options(Mode::kShared);
   primary_b.primary = true;
+  primary_b.type = kWeRo;
   a->boot(primary_a);
   b->boot(primary_b);
   Outcome* joined = b->unfence();

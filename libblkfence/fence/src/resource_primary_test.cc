@@ -46,6 +46,7 @@ class PrimaryTest : public ResourceTest {
   ResourceOptions primary(Node& node) const {
     ResourceOptions o = node.options(Mode::kShared);
     o.primary = true;
+    o.type = kWeRo;
     return o;
   }
   void boot_members() { boot_members(primary(*a), primary(*b)); }

@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "blkfence/testing/sim_commands.h"
+
 #include "resource_test_bench.h"
 
 namespace blkfence::fence::test {
@@ -120,7 +122,8 @@ TEST_F(ResourceTest, ASharedMemberReopensUnfencedAfterLostContact) {
 
 // Found by tests/sim (blkfence_sim --seed 1048558111826 --shared, S4): the monitor's RESERVE
 // failed while the next round's reads were out, and that round, issued before the failure, sent the
-// RESERVE again without a read that could show what the first did. Here b holds and releases, a's
+// RESERVE again without a read that could show what the first did. Here b holds, its daemon stops,
+// and an operator RELEASEs the reservation through b's nexus (`blkfencectl device release`); a's
 // monitor reserves; its first RESERVE on each LU is lost (it times out), and the reads of the round
 // issued while it is out are slow enough to come back after that.
 TEST_F(ResourceTest, TheMonitorReservesAgainOnlyOnAReadIssuedAfterItsLastReserveWasAnswered) {
@@ -130,6 +133,7 @@ TEST_F(ResourceTest, TheMonitorReservesAgainOnlyOnAReadIssuedAfterItsLastReserve
   ASSERT_TRUE(run_until([&] { return unfenced_b->done(); }));
   Outcome* unfenced_a = a->unfence();
   ASSERT_TRUE(run_until([&] { return unfenced_a->done(); }));
+  b->crash();
   std::set<LuId> dropped;
   std::optional<Time> first_reserve;
   a->faults = [&](const FaultContext& c) {
@@ -148,8 +152,11 @@ TEST_F(ResourceTest, TheMonitorReservesAgainOnlyOnAReadIssuedAfterItsLastReserve
     return fault;
   };
   const std::size_t before = sent.size();
-  Outcome* released = b->release();
-  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    prout_directly(nexus_of(kNodeB, lu, 0), static_cast<LuId>(lu),
+                   codec::prout_release(key_of(kNodeB, 0).value(), kWeAr));
+    ASSERT_FALSE(holder_of(lu).has_value());
+  }
   ASSERT_TRUE(run_until([&] {
     for (std::size_t lu = 0; lu < kLus; ++lu) {
       if (holder_of(lu) != key_of(kNodeA, 0).value()) {
@@ -176,6 +183,82 @@ TEST_F(ResourceTest, TheMonitorReservesAgainOnlyOnAReadIssuedAfterItsLastReserve
         read_since = true;
       }
     }
+  }
+}
+
+// Found by tests/sim (blkfence_sim --seed 252 --shared --recovery --strict-epochs, S1, once the
+// checker no longer excused writes on an unreserved LU): a fenced member's write landed after the
+// last member released, because the release (RELEASE, then unregister) left the LUs unreserved.
+// Under the All Registrants type the reservation stays while any member is registered, and a
+// release moves the member's nexuses to the departed key instead of unregistering them: sending
+// no RELEASE, it leaves the LUs reserved, and the fenced member's writes are refused.
+TEST_F(ResourceTest, TheLastMemberToReleaseLeavesTheLusReservedAgainstAFencedMember) {
+  a->boot(a->options(Mode::kShared));
+  b->boot(b->options(Mode::kShared));
+  for (Node* node : {a.get(), b.get()}) {
+    Outcome* unfenced = node->unfence();
+    ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
+    ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
+  }
+  Outcome* fenced = a->fence_node(kNodeB);
+  ASSERT_TRUE(run_until([&] { return fenced->done(); }));
+  ASSERT_TRUE(fenced->result->has_value()) << fenced->result->error().message();
+  const std::size_t before = sent.size();
+  Outcome* released = a->release();
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  ASSERT_TRUE(released->result->has_value()) << released->result->error().message();
+  EXPECT_FALSE(a->resource->gate_open());
+  const Key departed = key_of(kNodeA, Key::kEpochDeparted);
+  for (const Sent& s : a->sent_since(before)) {
+    EXPECT_FALSE(s.is(PrOutAction::kRelease)) << "LU " << s.lu << ": a RELEASE";
+  }
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_TRUE(holder_of(lu).has_value()) << "LU " << lu << " was left unreserved";
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{departed.value(), departed.value()}));
+    // The first try reports the unit attention of b's preempted registration.
+    std::uint8_t stale = 0x02;
+    for (int attempt = 0; attempt < 3 && stale == 0x02; ++attempt) {
+      stale = target
+                  .execute(static_cast<LuId>(lu), nexus_of(kNodeB, lu, 0),
+                           transport::test::write_command(9, 0xb1))
+                  .status;
+    }
+    EXPECT_EQ(stale, 0x18) << "LU " << lu << ": the fenced member's write was not refused";
+  }
+  // A restart does not take the departed key for a member's: only an unfence opens the gate, and
+  // it moves the nexuses back to the member's key.
+  a->crash();
+  a->boot(a->options(Mode::kShared));
+  run_for(4 * kCheckInterval);
+  EXPECT_FALSE(a->resource->gate_open());
+  EXPECT_NE(a->resource->state(), State::kUnfenced);
+  Outcome* again = a->unfence();
+  ASSERT_TRUE(run_until([&] { return again->done(); }));
+  ASSERT_TRUE(again->result->has_value()) << again->result->error().message();
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu),
+              (std::vector<std::uint64_t>{key_of(kNodeA, 0).value(), key_of(kNodeA, 0).value()}));
+  }
+}
+
+// A member fenced before its release sends nothing that registers: its release's REGISTER names
+// the member's key, which its nexuses no longer carry, so the target refuses it (S5).
+TEST_F(ResourceTest, AFencedMembersReleaseRegistersNothing) {
+  a->boot(a->options(Mode::kShared));
+  b->boot(b->options(Mode::kShared));
+  for (Node* node : {a.get(), b.get()}) {
+    Outcome* unfenced = node->unfence();
+    ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
+    ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
+  }
+  Outcome* fenced = a->fence_node(kNodeB);
+  ASSERT_TRUE(run_until([&] { return fenced->done(); }));
+  ASSERT_TRUE(fenced->result->has_value()) << fenced->result->error().message();
+  Outcome* released = b->release();
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu),
+              (std::vector<std::uint64_t>{key_of(kNodeA, 0).value(), key_of(kNodeA, 0).value()}));
   }
 }
 

@@ -43,6 +43,7 @@ constexpr std::uint16_t kNodeA = 1;
 constexpr std::uint16_t kNodeB = 2;
 constexpr std::size_t kLus = 3;
 constexpr auto kWeRo = codec::PrType::kWriteExclusiveRegistrantsOnly;
+constexpr auto kWeAr = codec::PrType::kWriteExclusiveAllRegistrants;
 constexpr Time kCheckInterval = milliseconds(100);
 constexpr Time kLease = milliseconds(400);
 constexpr milliseconds kCommandTimeout{150};
@@ -186,7 +187,7 @@ class Node {
     o.name = "pgdata";
     o.lus = lus_;
     o.mode = mode;
-    o.type = kWeRo;
+    o.type = mode == Mode::kShared ? kWeAr : kWeRo;  // primary mode: set primary and kWeRo
     o.preempt_abort = preempt_abort;
     o.cluster_id = kCluster;
     o.node_id = id_;

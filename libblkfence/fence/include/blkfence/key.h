@@ -30,6 +30,10 @@ class Key {
   // no node: it counts for nothing in a draw and is never stored as seen, so it cannot end the
   // epoch space for good (docs/protocol.md, "The top of the epoch space").
   static constexpr std::uint32_t kEpochDrawMax = 0xfffeffff;
+  // Shared mode: a member registers epoch 0, and its release re-keys its nexuses to epoch 1, the
+  // departed key, which opens no gate and is never adopted but keeps the All Registrants
+  // reservation on the LUs when no member is left (docs/protocol.md, "Shared mode").
+  static constexpr std::uint32_t kEpochDeparted = 1;
 
   // A key from its fields; node_id must be in [kNodeIdMin, kNodeIdMax].
   [[nodiscard]] static Result<Key> make(std::uint16_t cluster_id, std::uint16_t node_id,

@@ -74,6 +74,7 @@ struct ResourceOptions {
   std::string name;
   std::vector<pr::LogicalUnit> lus;
   Mode mode = Mode::kExclusive;
+  // An All Registrants type in shared mode, another in exclusive and primary mode.
   codec::PrType type = codec::PrType::kWriteExclusiveRegistrantsOnly;
   bool preempt_abort = false;  // PREEMPT AND ABORT instead of PREEMPT to take over
   bool primary = false;        // shared mode: members never reserve; promote takes the holder's
@@ -326,6 +327,7 @@ class Resource {
 
   // resource_shared.cc: shared mode.
   void release_shared(Key key, Time now);
+  void release_registering(Key key, std::optional<Key> then, Time now);
   void unfence_register(Time now);
   void unfence_reserve(Key key, Time now);
   void unfence_verify(Key key, Time now);
