@@ -16,7 +16,9 @@
 #      and ends as the only holder with the only open gate (racing acquires are left to the
 #      simulation and `stress/race_acquires.sh`: they can wedge LIO, see tests/lab/README.md);
 #      then A's daemon is stopped for longer than the lease: the writer under `run` dies;
-#   4. shared mode: A and B unfenced, A fences B, B's writes are refused and A's succeed;
+#   4. shared mode: A and B unfenced, A fences B, B's writes are refused and A's succeed; A, the
+#      last member, releases: its paths move to its departed key, the LU stays reserved under
+#      Write Exclusive, all registrants, and B's writes are still refused;
 #   5. (iSCSI) the storage becomes unreachable (A's session is logged out): A's gate closes after
 #      the lease, and A's daemon, restarted with a watchdog, goes on feeding it (no restart loop);
 #      restarted while its LUs are gone, A's daemon waits for them and adopts its key once the
@@ -258,6 +260,20 @@ if [[ -n $shared_lu ]]; then
   lab_expect "A still writes" lab_write "$a_log" 2 "A after the fence"
   lab_expect "B's daemon reports fenced on logs" bf_await B logs state fenced
   lab_expect_read "B's logs gate is closed" false bf_field B logs gate_open
+  # The last member leaves: a RELEASE or an unregister would leave the LU unreserved, and B's
+  # stale writes would land (docs/protocol.md, "Shared mode").
+  key_logs_a=$(bf_field A logs key)
+  departed_a=${key_logs_a%????????}00000001
+  paths_a=$(lab_keys "$a_log" | grep -cx "$key_logs_a")
+  lab_expect "A's key is registered on logs" test "$paths_a" -ge 1
+  lab_expect "A, the last member, releases logs" bf_ctl A release logs --timeout 30s
+  lab_expect_read "A's $paths_a path(s) to logs carry its departed key $departed_a, and only they" \
+    "$(for ((i = 0; i < paths_a; i++)); do printf '%s ' "$departed_a"; done)" lab_keyset "$a_log"
+  lab_expect "logs is still reserved, Write Exclusive, all registrants" \
+    grep -q "all registrants" <<<"$(lab_holder "$a_log")"
+  error=$(lab_write "$b_log" 3 "B after the last release") && error="the write succeeded"
+  lab_expect_eq "the target still refuses B's write" "$error" "Invalid exchange"
+  lab_expect_eq "B's write is not on the LU" "$(lab_read "$a_log" 3)" ""
 fi
 
 # --- 5. storage unreachable (iSCSI) --------------------------------------------------------------
