@@ -347,14 +347,16 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // a member, whose writes then land legitimately): P removed K_V after K_V had opened V's gate since
 // V's last unfence() or promote() call before P.at; typically a promote's PREEMPT of the old
 // primary's key. The same excuses hold: an unfence() or promote() of V after P.at and before W was
-// issued, the
-// late new-path registration, and two more: an unreserved L when W landed (the LUs are unreserved
-// until the first promote, and without a reservation every nexus may write, SPC-4 5.13.1), and a W
-// the target accepted before P while L's holder was no key of V's: LIO marks each command with the
-// holder's key when it accepts it, and PREEMPT AND ABORT aborts the commands marked with the
-// preempted key, so a write held from the unreserved window or from when V was a member is not
-// aborted (docs/protocol.md, "Primary mode"). A write marked with an older key of V's is no excuse:
-// V re-keys its holding nexus only once its writes are done (marked_beyond_the_abort). The new-path
+// issued, and the
+// late new-path registration. An unreserved L excuses nothing here either: only a promote removes
+// keys in primary mode (fence_node is refused), and it removes the old primary's, whose promote
+// had reserved every LU. One more excuse is Linux's target's, not SPC-4's (which aborts the tasks
+// of the preempted nexuses, 5.13.11.2.6): a W the target accepted before P while L's holder was no
+// key of V's. LIO marks each command with the holder's key when it accepts it, and PREEMPT AND
+// ABORT aborts the commands marked with the preempted key, so a write held from before the first
+// promote or from when V was a member is not aborted (docs/protocol.md, "Primary mode"). A write
+// marked with an older key of V's is no excuse: V re-keys its holding nexus only once its writes
+// are done (marked_beyond_the_abort). The new-path
 // window's "V knows" reads K_V's loss as the primary's monitor does (another holder, or K_V not
 // registered) when K_V opened a gate as the primary's, and as a member's (K_V not registered)
 // otherwise.
@@ -613,7 +615,6 @@ void check_s1(const Run& run, const Replay& replayed, std::vector<Violation>& vi
           issue->second.epoch() <= epoch_of_key(removal->key) &&
           !(shared(run) &&
             (unfenced_between(run, issue->second.node, removal->record->at, issue->second.issued) ||
-             (run.primary && !replayed.holder_at(write.lu, write.sequence)) ||
              (run.primary && write.accepted_at < removal->record->at &&
               marked_beyond_the_abort(run, replayed, write, issue->second.node, removal->key)))) &&
           !late_registration_excuses(run, *removal->record, removal->key, write, issue->second) &&

@@ -2413,6 +2413,26 @@ TEST(CheckerPrimary, TheOldPrimarysWriteLandingAfterThePromoteViolatesS1) {
   EXPECT_TRUE(fires(h, {"S1"}, "a write of node 1 stamped epoch 2 landed on LU 0 after node 2"));
 }
 
+// Node 2's promote fences node 1, and the LU is then left unreserved (a RELEASE through node 2's
+// nexus, as an operator's `device release` sends): node 1's write, issued before its daemon saw the
+// fence, lands through its unregistered nexus. No excuse covers it: an unreserved LU is one in
+// primary mode no more than in shared mode.
+TEST(CheckerPrimary, AWriteLandingOnALuLeftUnreservedAfterTheFenceViolatesS1) {
+  History h = two_nodes(1);
+  h.run().mode = fence::Mode::kShared;
+  h.run().primary = true;
+  acquire(h, 1, 10ms, key_of(1, 2), "promote");
+  acquire(h, 2, 100ms, key_of(2, 3), "promote");
+  h.release_called(2, 150ms);
+  h.close_gate(2, 150ms, "released");
+  h.prout(2, 151ms, 0, 0, PrOutAction::kRelease, key_of(2, 3), 0);
+  EXPECT_FALSE(h.holder(0).has_value());
+  h.issue_write(10, 1, 0, 160ms);
+  h.land_write(10, 161ms);
+  fenced(h, 1, 200ms);
+  EXPECT_TRUE(fires(h, {"S1"}, "the LU had no reservation any more"));
+}
+
 // Node 1, primary with epoch 1 on two paths, promotes again with epoch 2: the REGISTER on its
 // first path re-keys that nexus (the holder), the one on its second path times out and never
 // executes, so the second nexus keeps epoch 1; the promote verifies (no key of an old primary

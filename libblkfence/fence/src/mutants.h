@@ -32,7 +32,9 @@ constexpr bool kReregister = false;
 
 // A release in exclusive mode drops the reservation (RELEASE, then the key unregistered) instead of
 // leaving it with the key: every nexus may write again, a node preempted a moment ago included
-// (S1). Resource::mutant_release in resource_mutants.cc.
+// (S1). Resource::mutant_release in resource_mutants.cc. In shared mode the same: the member
+// RELEASEs and unregisters instead of moving to its departed key, and the last one to leave
+// leaves the LUs unreserved.
 #ifdef BLKFENCE_MUTANT_RELEASE_DROPS
 constexpr bool kReleaseDrops = true;
 #else

@@ -563,7 +563,7 @@ bool Resource::refuse(Mode mode, Time now, Done& done) {
               "resource " + options_.name + " is in " + std::string(mode_name(options_)) +
                   " mode: use " +
                   (options_.mode == Mode::kExclusive ? "acquire and release"
-                   : options_.primary                ? "unfence, promote and fence"
+                   : options_.primary                ? "unfence, promote and release"
                                                      : "unfence and fence")),
          now);
     return true;

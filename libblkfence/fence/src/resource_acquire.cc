@@ -533,7 +533,7 @@ void Resource::release_shared(Key key, Time now) {
       // member's included (S1). So the member's nexuses move to the departed key instead, which
       // keeps the reservation and opens nothing (docs/protocol.md, "Release"). Under a
       // Registrants Only type (primary mode's members) only a holder's RELEASE does anything.
-      if (codec::is_all_registrants(options_.type)) {
+      if (codec::is_all_registrants(options_.type) && !mutant::kReleaseDrops) {
         release_registering(key, key_for(Key::kEpochDeparted), read);
         return;
       }

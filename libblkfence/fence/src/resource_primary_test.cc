@@ -132,6 +132,25 @@ TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{second.value()}));
 }
 
+// fence is shared mode's: in primary mode a member's PREEMPT of the primary's key would take the
+// reservation (and pass for a primary), and one of another member's key would leave its nexus
+// unregistered on LUs nobody reserved yet, open to its writes. Refused, and nothing is sent.
+TEST_F(PrimaryTest, FenceIsRefusedInPrimaryMode) {
+  boot_members();
+  const Key first = promoted(*a);
+  const std::size_t before = sent.size();
+  Outcome* fenced = b->fence_node(kNodeA);
+  ASSERT_TRUE(fenced->done());
+  ASSERT_FALSE(fenced->result->has_value());
+  EXPECT_EQ(fenced->result->error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(fenced->result->error().message().find("a promote fences the old primary"),
+            std::string::npos)
+      << fenced->result->error().message();
+  EXPECT_TRUE(b->sent_since(before).empty());
+  EXPECT_EQ(holder_of(0), first.value());
+  EXPECT_TRUE(b->resource->gate_open());
+}
+
 // docs/protocol.md, "Writes queued in the initiator": a member's promote leaves its host's queues
 // alone (its gate is open and its key on every LU: what it queued goes out through a nexus that
 // stays registered), while a fenced primary, its gate closed, stops them before it registers again.

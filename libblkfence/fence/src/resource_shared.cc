@@ -168,6 +168,16 @@ void Resource::fence_node(std::uint16_t node_id, Time now, Done done) {
   if (refuse(Mode::kShared, now, done)) {
     return;
   }
+  // Primary mode: the promote fences the old primary, holder first; a member's PREEMPT of another
+  // key would take the reservation where the victim holds (and look like a primary to the next
+  // promote), and leave a member's nexus unregistered on a LU nobody reserved, open to its writes.
+  if (options_.primary) {
+    done(fail(ErrorCode::kInvalidArgument,
+              "resource " + options_.name +
+                  " is in primary mode: a promote fences the old primary; fence is shared mode's"),
+         now);
+    return;
+  }
   if (node_id == options_.node_id) {
     done(fail(ErrorCode::kInvalidArgument, "a node cannot fence itself; use release"), now);
     return;
