@@ -319,7 +319,7 @@ int run(int argc, char** argv) {
                           "Close the gate (stopping the gated units) and give the token up; in "
                           "exclusive mode the key keeps the reservation until the next acquire "
                           "elsewhere preempts it; in shared mode the node's paths move to its "
-                          "departed key (epoch 1), which keeps the LUs reserved and opens nothing",
+                          "departed key (epoch 1), which keeps the LUs reserved and opens no gate",
                           true),
            [&] { return operation_command("release", daemon_options); });
   on_parse(daemon_command("unfence",

@@ -565,6 +565,11 @@ void Resource::release_registering(Key key, std::optional<Key> then, Time now) {
         // One that timed out may still execute: the next unfence waits until it no longer can, or
         // it would move a nexus of the new registration to the departed key.
         note_late_registers(responses, done_at);
+        departure_unsettled_ =
+            departure_unsettled_ ||
+            (then && std::any_of(responses.begin(), responses.end(), [](const pr::Response& r) {
+               return !r.data && r.data.error().code() == ErrorCode::kIndeterminate;
+             }));
         // RESERVATION CONFLICT means the key was already gone; read back to report the truth.
         read_all(true, done_at, [this, key, then](Reads reads, Time read_at) {
           std::string left;

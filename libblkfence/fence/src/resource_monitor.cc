@@ -209,8 +209,10 @@ bool Resource::fenced_if_lost(const Reads& reads, Time now) {
     const bool key_gone = reads.lus[i].keys.has_value() && !reads.registered(i, key_->value());
     if (not_holder || key_gone) {
       // READ RESERVATION may have run before the preempt and READ KEYS after it: the holder
-      // read is then our own key, and the one that fenced us is the key registered instead.
-      std::optional<std::uint64_t> by = holder;
+      // read is then our own key, and the one that fenced us is the key registered instead. An
+      // All Registrants reservation (shared mode) names no holder: READ RESERVATION says key 0,
+      // and which member fenced us is not on the LU.
+      std::optional<std::uint64_t> by = holder == std::uint64_t{0} ? std::nullopt : holder;
       if (by == key_->value()) {
         const auto others = reads.others(i, key_->value());
         by = others.empty() ? std::nullopt : std::optional(others.front());
@@ -431,14 +433,16 @@ void Resource::after_monitor_prouts(Time now, std::function<void(Time)> step) {
 // promote's) may still execute after the next one registered its key, and move a nexus back to
 // the older key after the verify read showed the new one (S2). So the next one starts its reads
 // only once such a command can no longer execute. (Shared mode's members register one key, epoch
-// 0, every time: a late REGISTER of it changes nothing.)
+// 0, every time: a late REGISTER of it changes nothing. A release's move to the departed key that
+// timed out does: executed after the next unfence, it would move a nexus off the member's key.)
 void Resource::after_registers_settle(Time now, std::function<void(Time)> step) {
   end_waits_for_returned_commands(now);
   const bool member_keys = options_.mode == Mode::kShared && !options_.primary;
   const Time ours = registers_settle_.value_or(Time::min());
   const Time previous_run = previous_run_settles_.value_or(Time::min());
-  if (member_keys || std::max(ours, previous_run) <= now) {
+  if ((member_keys && !departure_unsettled_) || std::max(ours, previous_run) <= now) {
     registers_settle_.reset();
+    departure_unsettled_ = false;
     step(now);
     return;
   }

@@ -132,6 +132,27 @@ TEST_F(PrimaryTest, PromotePreemptsTheOldPrimaryAndKeepsTheMembers) {
   EXPECT_EQ(keys_on(0), (std::vector<std::uint64_t>{second.value()}));
 }
 
+// A's promote held every LU, then LU 1 lost its reservation (an operator's RELEASE through A's
+// holding nexus) with A's key still registered there. B's promote must not remove that
+// registration while LU 1 is unreserved: A's nexus would then write on a LU that refuses no
+// write. It RESERVEs LU 1 first, removes A's key there once it holds, and preempts A's holding key
+// on the other LUs last.
+TEST_F(PrimaryTest, APromoteRemovesTheOldPrimarysKeyOnlyFromALuItReserved) {
+  boot_members();
+  const Key first = promoted(*a);
+  prout_directly(nexus_of(kNodeA, 1, 0), LuId{1}, codec::prout_release(first.value(), kWeRo));
+  ASSERT_FALSE(holder_of(1).has_value());
+  const Key second = promoted(*b);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(holder_of(lu), second.value());
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{second.value()}));
+  }
+  for (const transport::PrOutRecord& record : prouts_of(kNodeB)) {
+    EXPECT_TRUE(record.unregistered.empty() || record.reservation.has_value())
+        << "LU " << record.lu << ": a registration removed, and the LU left unreserved";
+  }
+}
+
 // fence is shared mode's: in primary mode a member's PREEMPT of the primary's key would take the
 // reservation (and pass for a primary), and one of another member's key would leave its nexus
 // unregistered on LUs nobody reserved yet, open to its writes. Refused, and nothing is sent.

@@ -126,7 +126,8 @@ void Resource::promote_draw(const Reads& reads, Time now) {
 
 // Where another key holds: PREEMPT it (that removes every registration of the old primary's key
 // on the LU and moves the reservation to ours); where nobody holds: RESERVE. The old primary's
-// other keys are preempted first, in a round of their own. Members' keys are left alone.
+// other keys are preempted first, each once its LU is reserved, in rounds of their own. Members'
+// keys are left alone.
 //
 // Every PREEMPT names its victim by key, and no key is ever used twice (S3): a PREEMPT that
 // executes late, after this promote failed or was cancelled, can only remove the primary it read,
@@ -158,31 +159,37 @@ void Resource::promote_take(Key key, const Reads& reads, std::set<std::uint64_t>
     }
   }
   const char* preempt = options_.preempt_abort ? "PREEMPT AND ABORT" : "PREEMPT";
-  // The old primary's other keys go first, and the holder's only once none is left: preempting
-  // the holder is the moment the old primary is fenced, and a nexus of its node that still carried
-  // an older key after it could go on writing under our reservation (S1). The verify that follows
-  // this round finds the holder still there and takes it in the next one.
-  std::vector<pr::Request> stale;
-  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
-    for (const std::uint64_t other : reads.others(i, key.value())) {
-      if (of_old_primary(victims, other, key) && other != reads.holder(i)) {
-        stale.push_back(pr::prout_first_path(options_.lus[i], take_command(key, other), preempt));
-      }
-    }
-  }
+  // Where nobody holds, RESERVE first. The old primary's other keys go next, each only where a
+  // reservation is in place: removing a registration from a LU nobody reserved leaves its nexus
+  // free to write there, since an unreserved LU refuses no write (SPC-4 5.13.1). The holder's go
+  // only once no other key of the old primary is left: preempting the holder is the moment the
+  // old primary is fenced, and a nexus of its node that still carried an older key after it could
+  // go on writing under our reservation (S1). The verify after each round finds what is left and
+  // takes it in the next one.
   std::vector<pr::Request> requests;
-  for (std::size_t i = 0; i < reads.lus.size() && stale.empty(); ++i) {
+  bool others_left = false;
+  for (std::size_t i = 0; i < reads.lus.size(); ++i) {
     const auto holder = reads.holder(i);
     if (!holder) {
       requests.push_back(pr::prout_first_path(
           options_.lus[i], codec::prout_reserve(key.value(), options_.type), "RESERVE"));
-    } else if (*holder != key.value()) {
+    }
+    for (const std::uint64_t other : reads.others(i, key.value())) {
+      if (of_old_primary(victims, other, key) && other != holder) {
+        others_left = true;
+        if (holder) {
+          requests.push_back(
+              pr::prout_first_path(options_.lus[i], take_command(key, other), preempt));
+        }
+      }
+    }
+  }
+  for (std::size_t i = 0; i < reads.lus.size() && !others_left; ++i) {
+    const auto holder = reads.holder(i);
+    if (holder && *holder != key.value()) {
       requests.push_back(
           pr::prout_first_path(options_.lus[i], take_command(key, *holder), preempt));
     }
-  }
-  if (!stale.empty()) {
-    requests = std::move(stale);
   }
   if (requests.empty()) {
     promote_verify(key, std::move(victims), round, now);

@@ -241,6 +241,40 @@ TEST_F(ResourceTest, TheLastMemberToReleaseLeavesTheLusReservedAgainstAFencedMem
   }
 }
 
+// A release's REGISTER to the departed key times out on LU 1 and executes later. The unfence that
+// follows at once waits until it has executed (or can no longer): run after the unfence's REGISTER
+// AND IGNORE EXISTING KEY, it would move that nexus off the member's key again, and the node's
+// monitor would take itself for fenced.
+TEST_F(ResourceTest, AnUnfenceWaitsForAReleasesLateMoveToTheDepartedKey) {
+  a->boot(a->options(Mode::kShared));
+  Outcome* unfenced = a->unfence();
+  ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
+  ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
+  const Key member = key_of(kNodeA, 0);
+  const Key departed = key_of(kNodeA, Key::kEpochDeparted);
+  a->faults = [&](const FaultContext& c) {
+    Fault fault;
+    if (c.lu == 1 && c.command.cdb[0] == 0x5f &&
+        (c.command.cdb[1] & 0x1fU) == static_cast<std::uint8_t>(PrOutAction::kRegister) &&
+        c.command.data_out.size() >= 16 && load_be64(c.command.data_out, 8) == departed.value()) {
+      fault.request_delay = 2 * kCommandTimeout;  // out of time, executes later
+    }
+    return fault;
+  };
+  Outcome* released = a->release();
+  ASSERT_TRUE(run_until([&] { return released->done(); }));
+  Outcome* again = a->unfence();
+  ASSERT_TRUE(run_until([&] { return again->done(); }));
+  ASSERT_TRUE(again->result->has_value()) << again->result->error().message();
+  run_for(2 * kCommandTimeout + 4 * kCheckInterval);
+  for (std::size_t lu = 0; lu < kLus; ++lu) {
+    EXPECT_EQ(keys_on(lu), (std::vector<std::uint64_t>{member.value(), member.value()}))
+        << "LU " << lu;
+  }
+  EXPECT_EQ(a->resource->state(), State::kUnfenced);
+  EXPECT_TRUE(a->resource->gate_open());
+}
+
 // A member fenced before its release sends nothing that registers: its release's REGISTER names
 // the member's key, which its nexuses no longer carry, so the target refuses it (S5).
 TEST_F(ResourceTest, AFencedMembersReleaseRegistersNothing) {

@@ -452,6 +452,9 @@ class Resource {
   std::optional<Time> previous_run_settles_;
   bool previous_run_read_ = false;               // a load succeeded in this run
   bool registers_settled_store_failed_ = false;  // said once, tried again at every round
+  // Shared mode: a release's REGISTER to the departed key timed out, and registers_settle_ counts
+  // it (the member key's own late REGISTERs are not waited for).
+  bool departure_unsettled_ = false;
   std::optional<std::pair<Time, std::function<void(Time)>>> settling_;
   std::optional<std::pair<Time, std::function<void(Time)>>> draining_;  // drain_look's next look
   Time settle_look_{0};  // while settling_: when to look again whether the transport got them back
