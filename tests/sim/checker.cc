@@ -347,10 +347,9 @@ std::vector<Round> rounds_of(const Run& run, std::uint16_t node_id) {
 // a member, whose writes then land legitimately): P removed K_V after K_V had opened V's gate since
 // V's last unfence() or promote() call before P.at; typically a promote's PREEMPT of the old
 // primary's key. The same excuses hold: an unfence() or promote() of V after P.at and before W was
-// issued, and the
-// late new-path registration. An unreserved L excuses nothing here either: only a promote removes
-// keys in primary mode (fence_node is refused), and it removes the old primary's, whose promote
-// had reserved every LU. One more excuse is Linux's target's, not SPC-4's (which aborts the tasks
+// issued, and the late new-path registration. An unreserved L excuses nothing here either: only a
+// promote removes keys in primary mode (fence_node is refused), and it removes a key only from a
+// LU it reserved or took. One more excuse is Linux's target's, not SPC-4's (which aborts the tasks
 // of the preempted nexuses, 5.13.11.2.6): a W the target accepted before P while L's holder was no
 // key of V's. LIO marks each command with the holder's key when it accepts it, and PREEMPT AND
 // ABORT aborts the commands marked with the preempted key, so a write held from before the first

@@ -531,7 +531,7 @@ void Resource::release_shared(Key key, Time now) {
       // Under an All Registrants type every registrant holds: a RELEASE from any of them, or the
       // unregister of the last one, would leave the LUs unreserved, open to every nexus, a fenced
       // member's included (S1). So the member's nexuses move to the departed key instead, which
-      // keeps the reservation and opens nothing (docs/protocol.md, "Release"). Under a
+      // keeps the reservation and opens no gate (docs/protocol.md, "Release"). Under a
       // Registrants Only type (primary mode's members) only a holder's RELEASE does anything.
       if (codec::is_all_registrants(options_.type) && !mutant::kReleaseDrops) {
         release_registering(key, key_for(Key::kEpochDeparted), read);
@@ -564,12 +564,8 @@ void Resource::release_registering(Key key, std::optional<Key> then, Time now) {
       [this, key, then](const std::vector<pr::Response>& responses, Time done_at) {
         // One that timed out may still execute: the next unfence waits until it no longer can, or
         // it would move a nexus of the new registration to the departed key.
-        note_late_registers(responses, done_at);
-        departure_unsettled_ =
-            departure_unsettled_ ||
-            (then && std::any_of(responses.begin(), responses.end(), [](const pr::Response& r) {
-               return !r.data && r.data.error().code() == ErrorCode::kIndeterminate;
-             }));
+        const bool late = note_late_registers(responses, done_at);
+        departure_unsettled_ = departure_unsettled_ || (then && late);
         // RESERVATION CONFLICT means the key was already gone; read back to report the truth.
         read_all(true, done_at, [this, key, then](Reads reads, Time read_at) {
           std::string left;

@@ -454,13 +454,16 @@ void Resource::after_registers_settle(Time now, std::function<void(Time)> step) 
   settle_look_ = now + options_.check_interval;
 }
 
-void Resource::note_late_registers(const std::vector<pr::Response>& responses, Time at) {
+bool Resource::note_late_registers(const std::vector<pr::Response>& responses, Time at) {
+  bool late = false;
   for (const pr::Response& response : responses) {
     if (!response.data && response.data.error().code() == ErrorCode::kIndeterminate) {
       const Time settles = late_execution_end(at);
       registers_settle_ = registers_settle_ ? std::max(*registers_settle_, settles) : settles;
+      late = true;
     }
   }
+  return late;
 }
 
 void Resource::fenced(std::optional<std::uint64_t> by, const std::string& lu,

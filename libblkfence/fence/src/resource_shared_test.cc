@@ -186,23 +186,31 @@ TEST_F(ResourceTest, TheMonitorReservesAgainOnlyOnAReadIssuedAfterItsLastReserve
   }
 }
 
+// Both nodes unfenced in shared mode, then A fences B.
+class SharedTest : public ResourceTest {
+ protected:
+  void both_unfenced_and_b_fenced() {
+    a->boot(a->options(Mode::kShared));
+    b->boot(b->options(Mode::kShared));
+    for (Node* node : {a.get(), b.get()}) {
+      Outcome* unfenced = node->unfence();
+      ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
+      ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
+    }
+    Outcome* fenced = a->fence_node(kNodeB);
+    ASSERT_TRUE(run_until([&] { return fenced->done(); }));
+    ASSERT_TRUE(fenced->result->has_value()) << fenced->result->error().message();
+  }
+};
+
 // Found by tests/sim (blkfence_sim --seed 252 --shared --recovery --strict-epochs, S1, once the
 // checker no longer excused writes on an unreserved LU): a fenced member's write landed after the
 // last member released, because the release (RELEASE, then unregister) left the LUs unreserved.
 // Under the All Registrants type the reservation stays while any member is registered, and a
 // release moves the member's nexuses to the departed key instead of unregistering them: sending
 // no RELEASE, it leaves the LUs reserved, and the fenced member's writes are refused.
-TEST_F(ResourceTest, TheLastMemberToReleaseLeavesTheLusReservedAgainstAFencedMember) {
-  a->boot(a->options(Mode::kShared));
-  b->boot(b->options(Mode::kShared));
-  for (Node* node : {a.get(), b.get()}) {
-    Outcome* unfenced = node->unfence();
-    ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
-    ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
-  }
-  Outcome* fenced = a->fence_node(kNodeB);
-  ASSERT_TRUE(run_until([&] { return fenced->done(); }));
-  ASSERT_TRUE(fenced->result->has_value()) << fenced->result->error().message();
+TEST_F(SharedTest, TheLastMemberToReleaseLeavesTheLusReservedAgainstAFencedMember) {
+  ASSERT_NO_FATAL_FAILURE(both_unfenced_and_b_fenced());
   const std::size_t before = sent.size();
   Outcome* released = a->release();
   ASSERT_TRUE(run_until([&] { return released->done(); }));
@@ -277,17 +285,8 @@ TEST_F(ResourceTest, AnUnfenceWaitsForAReleasesLateMoveToTheDepartedKey) {
 
 // A member fenced before its release sends nothing that registers: its release's REGISTER names
 // the member's key, which its nexuses no longer carry, so the target refuses it (S5).
-TEST_F(ResourceTest, AFencedMembersReleaseRegistersNothing) {
-  a->boot(a->options(Mode::kShared));
-  b->boot(b->options(Mode::kShared));
-  for (Node* node : {a.get(), b.get()}) {
-    Outcome* unfenced = node->unfence();
-    ASSERT_TRUE(run_until([&] { return unfenced->done(); }));
-    ASSERT_TRUE(unfenced->result->has_value()) << unfenced->result->error().message();
-  }
-  Outcome* fenced = a->fence_node(kNodeB);
-  ASSERT_TRUE(run_until([&] { return fenced->done(); }));
-  ASSERT_TRUE(fenced->result->has_value()) << fenced->result->error().message();
+TEST_F(SharedTest, AFencedMembersReleaseRegistersNothing) {
+  ASSERT_NO_FATAL_FAILURE(both_unfenced_and_b_fenced());
   Outcome* released = b->release();
   ASSERT_TRUE(run_until([&] { return released->done(); }));
   for (std::size_t lu = 0; lu < kLus; ++lu) {

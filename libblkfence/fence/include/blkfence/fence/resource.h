@@ -371,7 +371,8 @@ class Resource {
   void after_monitor_prouts(Time now, std::function<void(Time)> step);
   void after_registers_settle(Time now, std::function<void(Time)> step);
   void end_waits_for_returned_commands(Time now);
-  void note_late_registers(const std::vector<pr::Response>& responses, Time at);
+  // Whether one of them timed out (it may still execute).
+  bool note_late_registers(const std::vector<pr::Response>& responses, Time at);
   void fenced(std::optional<std::uint64_t> by, const std::string& lu, const std::string& why,
               Time now);
 
